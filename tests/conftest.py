@@ -1,0 +1,39 @@
+"""Shared test fixtures: offline hub, seeded RNG, and the team's genuine RLDS fixture when ``../shared`` exists."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+BRIDGE_FIXTURE = SHARED / "fixtures" / "oxe_bridge_dataset_octo_debug" / "1.0.0"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    random.seed(0)
+    np.random.seed(0)
+    try:
+        import torch
+
+        torch.manual_seed(0)
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        pass
+
+
+@pytest.fixture
+def bridge_fixture() -> Path:
+    """Path of the genuine Open X-Embodiment RLDS export (Octo's bridge_dataset debug copy), read-only."""
+    if not BRIDGE_FIXTURE.is_dir():
+        pytest.skip(f"shared RLDS fixture not found at {BRIDGE_FIXTURE} (only present in the team's workspace)")
+    return BRIDGE_FIXTURE

@@ -1,0 +1,1 @@
+"""Data layer: readers -> standardize -> normalize -> mixture -> loader (DESIGN §2)."""

@@ -1,0 +1,167 @@
+"""Canonical data types shared by every layer: the standardized frame and the training/serving ``Batch``.
+
+Shape conventions (B = batch, T = observation history ``T_obs``, H = action-chunk length, S/A = state/action
+width padded to the batch maximum, h/w = image height/width):
+
+* ``images[slot]``      uint8   ``[B, T, h, w, 3]`` (channels last, RGB, 0..255)
+* ``image_mask[slot]``  bool    ``[B]``            True where the sample has this camera slot
+* ``state``             float32 ``[B, S]``         current (last) observation's state, zero-padded
+* ``state_mask``        bool    ``[B, S]``         True on the sample's real state dims
+* ``actions``           float32 ``[B, H, A]``      future action chunk, zero-padded on both axes
+* ``action_mask``       bool    ``[B, A]``         True on the sample's real action dims
+* ``action_is_pad``     bool    ``[B, H]``         True on steps past the end of the episode
+* ``embodiment_id``     int64   ``[B]``            index into the model's embodiment table
+* ``prompt``            list[str] of length B      language instruction
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+#: Camera slots every dataset's cameras are mapped onto (DESIGN §4).
+IMAGE_SLOTS: tuple[str, ...] = ("primary", "secondary", "wrist", "left_wrist", "right_wrist")
+
+# Batch key names (used by the loader, the model and the server).
+IMAGES = "images"
+IMAGE_MASK = "image_mask"
+STATE = "state"
+STATE_MASK = "state_mask"
+ACTIONS = "actions"
+ACTION_MASK = "action_mask"
+ACTION_IS_PAD = "action_is_pad"
+PROMPT = "prompt"
+EMBODIMENT_ID = "embodiment_id"
+
+
+class ShapeError(ValueError):
+    """A tensor/array has the wrong shape or dtype; the message names the key, expected and received."""
+
+
+def check_array(key: str, value: Any, shape: tuple[int | None, ...], dtype: Any, where: str = "") -> None:
+    """Validate ``value`` (numpy array or torch tensor) against ``shape`` (None = any size) and ``dtype``.
+
+    Raises ``ShapeError`` naming ``key`` (and ``where``, e.g. a file or episode) with what was expected and received.
+    """
+    loc = f" in {where}" if where else ""
+    if not isinstance(value, np.ndarray | torch.Tensor):
+        raise ShapeError(f"{key}{loc}: expected an array of dtype {dtype} and shape {_fmt(shape)}, got {type(value).__name__}")
+    got_shape = tuple(value.shape)
+    if len(got_shape) != len(shape) or any(e is not None and e != g for e, g in zip(shape, got_shape)):
+        raise ShapeError(f"{key}{loc}: expected shape {_fmt(shape)}, got {list(got_shape)} (dtype {value.dtype})")
+    if dtype is not None and value.dtype != dtype:
+        raise ShapeError(f"{key}{loc}: expected dtype {dtype}, got {value.dtype} (shape {list(got_shape)})")
+
+
+def _fmt(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+@dataclass
+class Frame:
+    """One standardized time step of one episode (what ``standardize`` produces from a raw dataset frame).
+
+    ``images[slot]`` uint8 ``[h, w, 3]`` for the slots the dataset has; ``state`` float32 ``[S]`` and ``action``
+    float32 ``[A]`` in the embodiment's field order (see ``EmbodimentSpec``); ``prompt`` the instruction.
+    """
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    action: np.ndarray
+    prompt: str
+    embodiment: str
+    dataset: str = ""
+    episode: int = 0
+    frame: int = 0
+    timestamp: float = 0.0
+
+    def validate(self, state_dim: int | None = None, action_dim: int | None = None) -> None:
+        where = f"{self.dataset or 'frame'} episode {self.episode} frame {self.frame}"
+        for slot, img in self.images.items():
+            if slot not in IMAGE_SLOTS:
+                raise ShapeError(f"images[{slot!r}] in {where}: unknown camera slot; expected one of {IMAGE_SLOTS}")
+            check_array(f"images[{slot!r}]", img, (None, None, 3), np.uint8, where)
+        check_array("state", self.state, (state_dim,), np.float32, where)
+        check_array("action", self.action, (action_dim,), np.float32, where)
+        if not isinstance(self.prompt, str):
+            raise ShapeError(f"prompt in {where}: expected str, got {type(self.prompt).__name__}")
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-serializable view (images summarized by shape and mean), used by ``vla data show``."""
+        return {
+            "embodiment": self.embodiment,
+            "prompt": self.prompt,
+            "state": self.state.tolist(),
+            "action": self.action.tolist(),
+            "images": {k: image_summary(v) for k, v in self.images.items()},
+        }
+
+
+def image_summary(img: np.ndarray) -> dict[str, Any]:
+    """``{"shape": [H, W, C], "mean": mean pixel value (0-255)}`` of a decoded uint8 image."""
+    return {"shape": list(img.shape), "mean": float(np.asarray(img, dtype=np.float64).mean())}
+
+
+@dataclass
+class Batch:
+    """A collated, possibly mixed-embodiment batch (see the module docstring for shapes).
+
+    ``meta`` carries per-sample bookkeeping that the model ignores (dataset name, episode, frame).
+    """
+
+    images: dict[str, torch.Tensor]
+    image_mask: dict[str, torch.Tensor]
+    state: torch.Tensor
+    state_mask: torch.Tensor
+    actions: torch.Tensor
+    action_mask: torch.Tensor
+    action_is_pad: torch.Tensor
+    prompt: list[str]
+    embodiment_id: torch.Tensor
+    meta: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.embodiment_id.shape[0])
+
+    def validate(self) -> None:
+        """Check every key's shape and dtype against the contract; raises ``ShapeError`` naming the key."""
+        b = self.batch_size
+        check_array(EMBODIMENT_ID, self.embodiment_id, (b,), torch.int64)
+        if set(self.images) != set(self.image_mask):
+            raise ShapeError(f"images and image_mask must have the same slots, got {sorted(self.images)} vs {sorted(self.image_mask)}")
+        t = None
+        for slot, img in self.images.items():
+            if slot not in IMAGE_SLOTS:
+                raise ShapeError(f"images[{slot!r}]: unknown camera slot; expected one of {IMAGE_SLOTS}")
+            check_array(f"images[{slot!r}]", img, (b, t, None, None, 3), torch.uint8)
+            t = int(img.shape[1])
+            check_array(f"image_mask[{slot!r}]", self.image_mask[slot], (b,), torch.bool)
+        check_array(STATE, self.state, (b, None), torch.float32)
+        s = int(self.state.shape[1])
+        check_array(STATE_MASK, self.state_mask, (b, s), torch.bool)
+        check_array(ACTIONS, self.actions, (b, None, None), torch.float32)
+        h, a = int(self.actions.shape[1]), int(self.actions.shape[2])
+        check_array(ACTION_MASK, self.action_mask, (b, a), torch.bool)
+        check_array(ACTION_IS_PAD, self.action_is_pad, (b, h), torch.bool)
+        if len(self.prompt) != b or not all(isinstance(p, str) for p in self.prompt):
+            raise ShapeError(f"{PROMPT}: expected a list of {b} strings, got {type(self.prompt).__name__} of length {len(self.prompt)}")
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """Move every tensor to ``device`` (prompt and meta are kept as they are)."""
+        mv = lambda x: x.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(
+            images={k: mv(v) for k, v in self.images.items()},
+            image_mask={k: mv(v) for k, v in self.image_mask.items()},
+            state=mv(self.state),
+            state_mask=mv(self.state_mask),
+            actions=mv(self.actions),
+            action_mask=mv(self.action_mask),
+            action_is_pad=mv(self.action_is_pad),
+            prompt=list(self.prompt),
+            embodiment_id=mv(self.embodiment_id),
+            meta=self.meta,
+        )
