@@ -34,8 +34,17 @@ class Registry(Generic[T]):
         self._loaders.append(loader)
 
     def _load(self) -> None:
+        # A loader that fails (bad YAML, import error) is rolled back and kept, so every later lookup raises the
+        # same clear error instead of silently using a half-filled registry.
         while self._loaders:
-            self._loaders.pop(0)()
+            before = set(self._items)
+            try:
+                self._loaders[0]()
+            except BaseException:
+                for name in set(self._items) - before:
+                    del self._items[name]
+                raise
+            self._loaders.pop(0)
 
     def register(self, name: str, obj: T | None = None, *, overwrite: bool = False):
         """Register ``obj`` under ``name``; used as ``reg.register("x", obj)`` or as a decorator."""

@@ -53,7 +53,8 @@ def check_array(key: str, value: Any, shape: tuple[int | None, ...], dtype: Any,
     if len(got_shape) != len(shape) or any(e is not None and e != g for e, g in zip(shape, got_shape)):
         raise ShapeError(f"{key}{loc}: expected shape {_fmt(shape)}, got {list(got_shape)} (dtype {value.dtype})")
     if dtype is not None and value.dtype != dtype:
-        raise ShapeError(f"{key}{loc}: expected dtype {dtype}, got {value.dtype} (shape {list(got_shape)})")
+        want = np.dtype(dtype) if isinstance(value, np.ndarray) else dtype
+        raise ShapeError(f"{key}{loc}: expected dtype {want}, got {value.dtype} (shape {list(got_shape)})")
 
 
 def _fmt(shape: tuple[int | None, ...]) -> str:

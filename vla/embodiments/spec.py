@@ -145,6 +145,8 @@ class EmbodimentSpec:
     def limits(self, which: str) -> tuple[np.ndarray, np.ndarray]:
         """Per-dim ``(low, high)`` float64 arrays for ``which`` in {"state", "action"}; unbounded dims are ±inf."""
         fields = self.state if which == "state" else self.action
+        if not fields:
+            return np.zeros(0, np.float64), np.zeros(0, np.float64)
         lo = np.concatenate([np.asarray(f.low if f.low is not None else [-math.inf] * f.width) for f in fields])
         hi = np.concatenate([np.asarray(f.high if f.high is not None else [math.inf] * f.width) for f in fields])
         return lo.astype(np.float64), hi.astype(np.float64)

@@ -1,0 +1,37 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv and install on first use.
+# TORCH picks the torch build installed first (before the project, so its `torch>=2.5` range is already met):
+# the default is the CPU wheel this project's CI machines carry; on a GPU cluster use e.g. `make TORCH=torch test`.
+PYTHON ?= python3.11
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.install-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vla demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) benchmarks/data_loader.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,172 @@
+"""The ``vla`` command. Sub-commands import their modules lazily so ``vla --help`` stays instant.
+
+    vla data info PATH                                  format, splits, episodes, frames, features, embodiment
+    vla data show PATH [--split S] --episode E --frame F --json
+    vla data stats PATH [--out FILE]                    normalization stats (one streaming pass)
+    vla data validate PATH                              every problem in one pass; exit 1 if any
+    vla data convert SRC DST --to lerobot               any readable dataset -> LeRobot v3.0
+    vla data preview PATH --episode E --out FILE.mp4|.gif
+    vla demo                                            the end-to-end tour on embedded defaults
+
+Errors in user input print one line naming what, where and the fix (exit 2); ``VLA_DEBUG=1`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(obj, indent=None, allow_nan=False))
+
+
+def cmd_data_info(args: argparse.Namespace) -> int:
+    from vla.data.inspect import dataset_info
+
+    info = dataset_info(args.path)
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"{info['path']}\n  format:     {info['format']}\n  name:       {info['name']}")
+    print(f"  embodiment: {info['embodiment'] or '(no registered key map)'}")
+    if info.get("fps"):
+        print(f"  fps:        {info['fps']}")
+    for split, s in info["splits"].items():
+        print(f"  split {split!r}: {s['episodes']} episodes, {s['frames']} frames")
+    print("  features:")
+    for name, f in info["features"].items():
+        print(f"    {name:<44} {f['kind']:<7} {f['dtype']:<8} {f['shape']}")
+    return 0
+
+
+def cmd_data_show(args: argparse.Namespace) -> int:
+    from vla.data.inspect import show_frame
+
+    out = show_frame(args.path, args.split, args.episode, args.frame)
+    if args.json:
+        _print_json(out)
+    else:
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    from vla.data.stats import write_stats
+
+    path = write_stats(args.path, out=args.out, max_episodes=args.max_episodes)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_data_validate(args: argparse.Namespace) -> int:
+    from vla.data.validate import validate_dataset
+
+    problems = validate_dataset(args.path, max_episodes=args.max_episodes)
+    if args.json:
+        _print_json([p.to_json() for p in problems])
+    else:
+        for p in problems:
+            print(p)
+        print(f"{len(problems)} problem(s) found in {args.path}" if problems else f"OK: no problems found in {args.path}")
+    return 1 if problems else 0
+
+
+def cmd_data_convert(args: argparse.Namespace) -> int:
+    from vla.data.convert import convert_dataset
+
+    out = convert_dataset(args.src, args.dst, to=args.to, video=not args.no_video, vcodec=args.vcodec,
+                          max_episodes=args.max_episodes)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_data_preview(args: argparse.Namespace) -> int:
+    from vla.data.preview import preview_episode
+
+    out = preview_episode(args.path, args.out, split=args.split, episode=args.episode, fps=args.fps)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vla.demo import run_demo
+
+    return run_demo(args.workdir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vla", description="Cross-embodiment vision-language-action models.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="inspect, validate, convert and summarize datasets").add_subparsers(
+        dest="data_command", required=True
+    )
+    s = data.add_parser("info", help="format, splits, episodes, frames, features, embodiment")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_data_info)
+
+    s = data.add_parser("show", help="one step: raw fields as stored and the standardized frame")
+    s.add_argument("path")
+    s.add_argument("--split", default=None)
+    s.add_argument("--episode", type=int, required=True)
+    s.add_argument("--frame", type=int, required=True)
+    s.add_argument("--json", action="store_true", help="one JSON object on one line")
+    s.set_defaults(fn=cmd_data_show)
+
+    s = data.add_parser("stats", help="normalization statistics per embodiment (versioned JSON)")
+    s.add_argument("path")
+    s.add_argument("--out", default=None, help="output JSON (default: <dataset>/meta/vla_stats.json or the cache)")
+    s.add_argument("--max-episodes", type=int, default=None)
+    s.set_defaults(fn=cmd_data_stats)
+
+    s = data.add_parser("validate", help="report every problem in one pass (exit 1 if any)")
+    s.add_argument("path")
+    s.add_argument("--max-episodes", type=int, default=None)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_data_validate)
+
+    s = data.add_parser("convert", help="convert a dataset to LeRobot v3.0")
+    s.add_argument("src")
+    s.add_argument("dst")
+    s.add_argument("--to", choices=["lerobot"], required=True)
+    s.add_argument("--vcodec", choices=["av1", "h264"], default="av1")
+    s.add_argument("--no-video", action="store_true", help="store images in parquet instead of video")
+    s.add_argument("--max-episodes", type=int, default=None)
+    s.set_defaults(fn=cmd_data_convert)
+
+    s = data.add_parser("preview", help="render an episode: cameras side by side, state/action traces below")
+    s.add_argument("path")
+    s.add_argument("--split", default=None)
+    s.add_argument("--episode", type=int, default=0)
+    s.add_argument("--out", required=True, help="FILE.mp4 or FILE.gif")
+    s.add_argument("--fps", type=float, default=None)
+    s.set_defaults(fn=cmd_data_preview)
+
+    s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
+    s.add_argument("--workdir", default="outputs/demo")
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, IndexError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
+        if os.environ.get("VLA_DEBUG"):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Typed, frozen dataclass configs; YAML presets under ``configs/``; dotted command-line overrides.
+
+``load_config(DataConfig, "configs/data/bridge.yaml", ["batch_size=16", "augment.crop_scale=0.9"])`` merges the
+preset with the overrides, rejects unknown names with "did you mean", decodes types with ``draccus`` and runs each
+dataclass's ``__post_init__`` validation, whose errors name the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import draccus
+import yaml
+
+from vla.paths import config_dir
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key, the value and what is allowed."""
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Training-only image augmentation (never applied at evaluation/serving time).
+
+    ``crop_scale``: random crop keeping this fraction of each side (1.0 = off), then resized back.
+    ``brightness``/``contrast``/``saturation``: color-jitter strengths (0 = off), factors drawn in [1-s, 1+s];
+    ``hue``: hue shift in [-hue, hue] (fraction of the color wheel, <= 0.5).
+    """
+
+    enabled: bool = False
+    crop_scale: float = 0.9
+    brightness: float = 0.2
+    contrast: float = 0.2
+    saturation: float = 0.2
+    hue: float = 0.05
+
+    def __post_init__(self) -> None:
+        _require(0.1 <= self.crop_scale <= 1.0, f"augment.crop_scale must be in [0.1, 1], got {self.crop_scale}")
+        for name in ("brightness", "contrast", "saturation"):
+            v = getattr(self, name)
+            _require(0.0 <= v < 1.0, f"augment.{name} must be in [0, 1), got {v}")
+        _require(0.0 <= self.hue <= 0.5, f"augment.hue must be in [0, 0.5], got {self.hue}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What the loader reads and how it turns frames into training samples.
+
+    Either ``datasets`` (paths) or ``mixture`` (a name from ``data_mixtures/`` or a YAML path, resolved under
+    ``data_root``). ``obs_history`` is T_obs, ``chunk_length`` is H (0 = each embodiment's default);
+    ``image_size`` is the (square) side images are resized to.
+    """
+
+    datasets: tuple[str, ...] = ()
+    mixture: str | None = None
+    data_root: str = "data"
+    allow_missing: bool = False
+    balance_by_size: bool | None = None  # None = the mixture file's setting
+    split: str = "train"
+    obs_history: int = 1
+    chunk_length: int = 10
+    image_size: int = 224
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    batch_size: int = 8
+    num_workers: int = 0
+    shuffle: bool = True
+    seed: int = 0
+    on_bad_sample: str = "raise"
+    normalize: bool = True
+    stats_path: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(bool(self.datasets) != bool(self.mixture), "data: set exactly one of data.datasets or data.mixture")
+        _require(self.obs_history >= 1, f"data.obs_history must be >= 1, got {self.obs_history}")
+        _require(self.chunk_length >= 0, f"data.chunk_length must be >= 0 (0 = embodiment default), got {self.chunk_length}")
+        _require(16 <= self.image_size <= 2048, f"data.image_size must be in [16, 2048], got {self.image_size}")
+        _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        _require(self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}")
+        _require(
+            self.on_bad_sample in ("raise", "skip"),
+            f"data.on_bad_sample must be 'raise' or 'skip', got {self.on_bad_sample!r}",
+        )
+
+
+# ---- loading ---------------------------------------------------------------------------------------------
+def resolve_preset(kind: str, name_or_path: str | Path) -> Path:
+    """A YAML path as given, or ``configs/<kind>/<name>.yaml``; unknown names get "did you mean"."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        return p
+    folder = config_dir() / kind
+    cand = folder / f"{name_or_path}.yaml"
+    if cand.is_file():
+        return cand
+    known = sorted(x.stem for x in folder.glob("*.yaml"))
+    close = difflib.get_close_matches(str(name_or_path), known, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"Unknown {kind} preset {name_or_path!r}.{hint} Known: {', '.join(known) or '(none)'} (in {folder}).")
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "--c=x"]`` -> nested dict ``{"a": {"b": 1}, "c": "x"}``; values parsed as YAML scalars/lists."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        s = item[2:] if item.startswith("--") else item
+        if "=" not in s:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. batch_size=16 or augment.enabled=true)")
+        key, raw = s.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_keys(cls: type, data: dict[str, Any], prefix: str = "") -> None:
+    """Reject unknown keys (recursively into nested dataclasses) with "did you mean"."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k, v in data.items():
+        if k not in names:
+            close = [n for n in names if n.startswith(k)] or difflib.get_close_matches(k, names, n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(prefix + c for c in close)}?" if close else ""
+            raise ConfigError(f"Unknown config key {prefix + k!r}.{hint} Allowed: {', '.join(prefix + n for n in names)}.")
+        sub = hints.get(k)
+        if dataclasses.is_dataclass(sub) and isinstance(v, dict):
+            _check_keys(sub, v, prefix=f"{prefix}{k}.")
+
+
+def load_config(cls: type[C], preset: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None, *, kind: str = "") -> C:
+    """Build a ``cls`` config from a preset (path, name under ``configs/<kind>/`` or dict) plus dotted overrides."""
+    data: dict[str, Any] = {}
+    if isinstance(preset, dict):
+        data = dict(preset)
+    elif preset is not None:
+        path = resolve_preset(kind, preset)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = _merge(data, parse_overrides(overrides or []))
+    _check_keys(cls, data)
+    try:
+        return draccus.decode(cls, data)
+    except ConfigError:
+        raise
+    except Exception as e:  # draccus wraps __post_init__ errors and type errors
+        cause = e
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            nxt = cause.__cause__ or cause.__context__
+            if isinstance(nxt, ConfigError):
+                raise nxt from None
+            cause = nxt
+        raise ConfigError(f"invalid {cls.__name__}: {e}") from e
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain-dict form of a config (for YAML dumps into checkpoints and run folders)."""
+    return draccus.encode(cfg)

@@ -1,0 +1,103 @@
+"""``vla data info`` and ``vla data show``: what a dataset holds, and one step of it exactly as stored.
+
+``show_frame`` implements the CLI's JSON contract (other tools parse it): ``format``, ``split``, ``episode``,
+``frame``, ``num_frames``, ``episode_metadata``, ``raw`` (every field of the step under its stored name; images
+summarized as ``{"shape": [H, W, C], "mean": ...}``) and ``standardized`` (the canonical frame; absent when the
+dataset has no registered key map).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla.data.readers import DatasetReader, open_dataset
+from vla.types import image_summary
+
+
+def to_jsonable(value: Any) -> Any:
+    """Numbers -> JSON numbers/lists, bytes/str -> str, numpy scalars -> Python scalars (recursively)."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            return [to_jsonable(v) for v in value.tolist()]
+        if value.dtype.kind == "S":
+            return to_jsonable(value.tolist())
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)  # JSON has no NaN/inf
+    return value
+
+
+def _is_image(value: Any) -> bool:
+    return (
+        isinstance(value, np.ndarray)
+        and value.dtype == np.uint8
+        and value.ndim == 3
+        and value.shape[-1] in (1, 3, 4)
+    )
+
+
+def dataset_info(path: str | Path) -> dict[str, Any]:
+    """Format, splits, episodes, frames, features and (when a key map exists) embodiment of a dataset."""
+    from vla.data.standardize import keymap_for
+
+    reader = open_dataset(path)
+    info = reader.info()
+    km = keymap_for(reader)
+    info["key_map"] = km.dataset if km is not None else None
+    info["embodiment"] = km.embodiment if km is not None else None
+    return info
+
+
+def _check_split_episode(reader: DatasetReader, split: str | None, episode: int) -> str:
+    splits = reader.splits()
+    split = split or ("train" if "train" in splits else splits[0])
+    if split not in splits:
+        raise ValueError(f"{reader.path}: no split {split!r}; available: {splits}")
+    n = reader.num_episodes(split)
+    if not 0 <= episode < n:
+        raise IndexError(
+            f"{reader.path}: --episode {episode} out of range; split {split!r} has {n} episodes (0..{n - 1})"
+        )
+    return split
+
+
+def show_frame(path: str | Path, split: str | None, episode: int, frame: int) -> dict[str, Any]:
+    """One step as a JSON-able dict following the ``vla data show --json`` contract."""
+    from vla.data.standardize import keymap_for, standardize_frame
+
+    reader = open_dataset(path)
+    split = _check_split_episode(reader, split, episode)
+    length = reader.episode_length(split, episode)
+    if not 0 <= frame < length:
+        raise IndexError(
+            f"{reader.path}: --frame {frame} out of range; {split} episode {episode} has {length} frames (0..{length - 1})"
+        )
+    raw = reader.read_frame(split, episode, frame)
+    out: dict[str, Any] = {
+        "path": str(reader.path),
+        "format": reader.format,
+        "split": split,
+        "episode": episode,
+        "frame": frame,
+        "num_frames": length,
+        "episode_metadata": to_jsonable(reader.episode_metadata(split, episode)),
+        "raw": {k: image_summary(v) if _is_image(v) else to_jsonable(v) for k, v in raw.items()},
+    }
+    if keymap_for(reader) is not None:
+        try:
+            out["standardized"] = to_jsonable(standardize_frame(reader, split, episode, frame).summary())
+        except LookupError as e:  # the key map drops this frame (e.g. Bridge's all-zero first step)
+            out["standardized"] = None
+            out["standardized_note"] = str(e)
+    return out

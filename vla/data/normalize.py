@@ -1,0 +1,460 @@
+"""Normalization statistics and the strict, invertible ``Normalizer``/``Unnormalizer`` pair (DESIGN §4).
+
+``NormStats`` summarizes one field vector (an embodiment's whole ``state`` or ``action``, ``D`` dims);
+``StatsFile`` is the versioned JSON container, keyed by embodiment (``"widowx_bridge"``) and, for datasets whose
+conventions differ, by embodiment and dataset (``"widowx_bridge@bridge_dataset"``). Stats are computed in one
+streaming pass by ``vla.data.stats``; they travel inside every checkpoint so the Policy inverts exactly what the
+loader applied.
+
+Per-dim modes (``EmbodimentSpec.norm_modes``), for ``x`` float ``[..., D]``:
+
+* ``quantile``  ``y = 2 (x - q01) / (q99 - q01) - 1``  (q01 -> -1, q99 -> +1)
+* ``mean_std``  ``y = (x - mean) / std``
+* ``min_max``   ``y = 2 (x - min) / (max - min) - 1``
+* ``binary``    ``y = +1 if x > 0.5 else -1`` (raw grippers are standardized to 1 = open, 0 = closed);
+  inverse ``x = 1 if y > 0 else 0``. Mapped to ±1 (not kept in {0, 1}) so it is centred like every other dim.
+* ``identity``  ``y = x`` (also every dim whose ``normalize_mask`` entry is False).
+
+Decisions (see shared/reference/oxe_datasets.md §5):
+
+* **No clipping by default** (``clip=None``), as openpi: the model is a continuous flow-matching head, and
+  clipping would make the 2% of frames outside [q01, q99] non-invertible. ``clip=1.0`` gives OpenVLA's
+  behaviour (needed for uniform action-token bins). The ``Unnormalizer`` never clips; safety clamps to the
+  spec's limits are the server's job.
+* **No epsilon** in the denominators (OpenVLA adds 1e-8, openpi 1e-6): degenerate dims are refused instead.
+* **Constant dims** (``min == max``): scale 1 and centre ``min``, so the training data maps to exactly 0 (like
+  OpenVLA, which zeroes them) while staying invertible.
+* **Degenerate dims** (a dim that moves, ``min != max``, but whose mode's scale is ~0, e.g. ``q99 == q01`` for a
+  gripper that is closed in fewer than 1% of frames) and non-finite stats are errors naming the dim and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import numpy as np
+import torch
+
+import vla
+from vla.embodiments.spec import NORM_MODES, EmbodimentSpec
+
+STATS_FORMAT_VERSION = 1
+FIELDS = ("state", "action")
+STATS_COMMAND = "vla data stats <dataset>"
+#: A mode's scale below ``DEGENERATE_TOL * max(1, |centre|)`` counts as ~0.
+DEGENERATE_TOL = 1e-6
+_STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
+
+ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+_T = TypeVar("_T", bound="_FieldTransform")
+
+
+class StatsError(ValueError):
+    """Stats are missing, malformed, degenerate or from a newer vla; the message names the field and the fix."""
+
+
+@dataclass
+class NormStats:
+    """Per-dim statistics of one field vector: each array is float64 ``[D]``; ``count`` frames were seen.
+
+    ``num_nonfinite[d]`` counts NaN/inf values of dim ``d`` (excluded from the other statistics).
+    ``std`` is the population standard deviation (ddof = 0).
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    q01: np.ndarray
+    q99: np.ndarray
+    count: int
+    num_nonfinite: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for k in _STAT_KEYS:
+            setattr(self, k, np.asarray(getattr(self, k), dtype=np.float64).reshape(-1))
+        dims = {k: getattr(self, k).shape[0] for k in _STAT_KEYS}
+        if len(set(dims.values())) != 1:
+            raise StatsError(f"NormStats arrays must all have the same length, got {dims}")
+        if self.num_nonfinite is None:
+            self.num_nonfinite = np.zeros(self.dim, dtype=np.int64)
+        self.num_nonfinite = np.asarray(self.num_nonfinite, dtype=np.int64).reshape(-1)
+        self.count = int(self.count)
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {k: [float(v) for v in getattr(self, k)] for k in _STAT_KEYS}
+        d["count"] = self.count
+        d["num_nonfinite"] = [int(v) for v in self.num_nonfinite]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "stats") -> NormStats:
+        d = dict(d)
+        for ours, theirs in (("q01", "p01"), ("q99", "p99")):  # Octo names its percentiles p01/p99
+            if ours not in d and theirs in d:
+                d[ours] = d[theirs]
+        missing = [k for k in (*_STAT_KEYS, "count") if k not in d]
+        if missing:
+            raise StatsError(
+                f"{where}: missing key(s) {missing}; expected {[*_STAT_KEYS, 'count']}. Recompute with '{STATS_COMMAND}'."
+            )
+        nan = lambda v: [math.nan if x is None else x for x in v]  # noqa: E731 - JSON null = NaN
+        return cls(
+            **{k: nan(d[k]) for k in _STAT_KEYS}, count=d["count"], num_nonfinite=d.get("num_nonfinite")
+        )
+
+
+@dataclass
+class StatsFile:
+    """Versioned container of ``NormStats``: ``stats[key][field]`` with key ``"<embodiment>"`` or
+    ``"<embodiment>@<dataset>"`` and field ``"state"``/``"action"``; ``sources`` lists the datasets (name, path,
+    episode and frame counts) the stats were computed from."""
+
+    stats: dict[str, dict[str, NormStats]] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    created_by: str = f"vla {vla.__version__}"
+    created_at: str = ""
+    format_version: int = STATS_FORMAT_VERSION
+    path: Path | None = None  # where it was loaded from / saved to (for error messages)
+
+    @staticmethod
+    def key(embodiment: str, dataset: str | None = None) -> str:
+        return f"{embodiment}@{dataset}" if dataset else embodiment
+
+    def resolve_key(self, embodiment: str, field: str, dataset: str | None = None) -> str:
+        """The key ``get`` reads: ``"<embodiment>@<dataset>"`` when present, else ``"<embodiment>"``."""
+        dk = self.key(embodiment, dataset)
+        return dk if dataset and field in self.stats.get(dk, {}) else embodiment
+
+    def get(self, embodiment: str, field: str, dataset: str | None = None) -> NormStats:
+        """Stats of ``embodiment``'s ``field``, preferring the dataset-specific key when ``dataset`` is given."""
+        keys = [self.key(embodiment, dataset), embodiment] if dataset else [embodiment]
+        for k in keys:
+            if field in self.stats.get(k, {}):
+                return self.stats[k][field]
+        where = f" in {self.path}" if self.path else ""
+        raise StatsError(
+            f"No normalization stats for '{keys[0]}/{field}'{where} (have: {', '.join(sorted(self.stats)) or 'none'}). "
+            f"Run '{STATS_COMMAND}' on the dataset(s) of embodiment {embodiment!r}."
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "created_by": self.created_by,
+            "created_at": self.created_at or datetime.now(UTC).isoformat(timespec="seconds"),
+            "sources": self.sources,
+            "stats": {k: {f: s.to_dict() for f, s in v.items()} for k, v in sorted(self.stats.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "stats") -> StatsFile:
+        version = d.get("format_version")
+        if not isinstance(version, int):
+            raise StatsError(
+                f"{where}: not a vla stats file (no integer 'format_version'). Recompute with '{STATS_COMMAND}'."
+            )
+        if version > STATS_FORMAT_VERSION:
+            raise StatsError(
+                f"{where}: format_version {version} is newer than this vla ({STATS_FORMAT_VERSION}); upgrade vla."
+            )
+        while version < STATS_FORMAT_VERSION:  # old files stay loadable: upgrade one version at a time
+            d, version = _UPGRADES[version](d), version + 1
+        stats = {
+            k: {f: NormStats.from_dict(s, f"{where}: '{k}/{f}'") for f, s in v.items()}
+            for k, v in d.get("stats", {}).items()
+        }
+        return cls(
+            stats=stats,
+            sources=list(d.get("sources", [])),
+            created_by=str(d.get("created_by", "")),
+            created_at=str(d.get("created_at", "")),
+            format_version=STATS_FORMAT_VERSION,
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> StatsFile:
+        path = Path(path)
+        if not path.is_file():
+            raise StatsError(
+                f"{path}: no such stats file. Run '{STATS_COMMAND}' (or pass --out to choose where)."
+            )
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise StatsError(f"{path}: not valid JSON ({e}). Recompute with '{STATS_COMMAND}'.") from e
+        sf = cls.from_dict(d, where=str(path))
+        sf.path = path
+        return sf
+
+
+#: ``_UPGRADES[v]`` turns a format-``v`` dict into a format-``v+1`` dict (none yet: version 1 is the first).
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+# ---- validation ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    """One defect of a stats entry: ``where`` is ``"<key>/<field>"``, ``dim`` the index (None = whole field)."""
+
+    where: str
+    dim: int | None
+    dim_name: str
+    message: str
+    fix: str
+    severity: str = "error"  # "error" (the Normalizer refuses) or "warning"
+
+    def __str__(self) -> str:
+        at = f"[{self.dim}] ({self.dim_name})" if self.dim is not None else ""
+        return f"{self.severity}: '{self.where}'{at}: {self.message}. Fix: {self.fix}"
+
+
+def field_problems(
+    stats: NormStats,
+    modes: Sequence[str],
+    where: str,
+    dim_names: Sequence[str] | None = None,
+    normalize_mask: Sequence[bool] | None = None,
+) -> list[Problem]:
+    """Problems of one field's stats for the given per-dim modes (``where`` like ``"widowx_bridge/action"``)."""
+    names = list(dim_names) if dim_names is not None else [f"dim{i}" for i in range(len(modes))]
+    out: list[Problem] = []
+
+    def add(i: int | None, msg: str, fix: str, severity: str = "error") -> None:
+        out.append(Problem(where, i, "" if i is None else names[i], msg, fix, severity))
+
+    if stats.dim != len(modes):
+        add(
+            None,
+            f"stats have {stats.dim} dims but the spec has {len(modes)}",
+            f"spec changed: rerun '{STATS_COMMAND}'",
+        )
+        return out
+    mask = [True] * len(modes) if normalize_mask is None else list(normalize_mask)
+    for i, mode in enumerate(modes):
+        if mode not in NORM_MODES:
+            add(i, f"unknown normalization mode {mode!r}", f"use one of {NORM_MODES}")
+            continue
+        if stats.num_nonfinite[i]:
+            msg = f"{stats.num_nonfinite[i]} non-finite (NaN/inf) values in the data"
+            add(i, msg, "fix the dataset's key map or drop the broken episodes", "warning")
+        if mode in ("identity", "binary") or not mask[i]:
+            continue
+        lo, hi, q01, q99, std = stats.min[i], stats.max[i], stats.q01[i], stats.q99[i], stats.std[i]
+        needed = {"quantile": (q01, q99), "mean_std": (stats.mean[i], std), "min_max": ()}[mode]
+        if stats.count == 0 or not all(math.isfinite(v) for v in (*needed, lo, hi)):
+            msg = f"non-finite stats for mode {mode!r} (count {stats.count}, min {lo}, max {hi}, q01 {q01}, q99 {q99}, std {std})"
+            add(i, msg, f"rerun '{STATS_COMMAND}' on valid data")
+        elif lo != hi:  # constant dims are fine: they map to 0 with unit scale (see the module docstring)
+            centre, scale = _affine(mode, stats, i)
+            if not scale > DEGENERATE_TOL * max(1.0, abs(centre)):
+                what = {"quantile": f"q99 - q01 = {q99 - q01:.3g}", "mean_std": f"std = {std:.3g}"}
+                msg = f"degenerate {mode!r} stats: {what.get(mode, f'max - min = {hi - lo:.3g}')} but the dim moves "
+                other = "min_max" if mode == "quantile" else "quantile"
+                fix = (
+                    f"set normalization: {other} (or binary/identity for a gripper) for this field in "
+                    f"configs/embodiments/<embodiment>.yaml, or recompute with more data ('{STATS_COMMAND}')"
+                )
+                add(i, msg + f"(min {lo:.6g}, max {hi:.6g})", fix)
+    return out
+
+
+def validate_stats(stats: StatsFile, spec: EmbodimentSpec, *, dataset: str | None = None) -> list[Problem]:
+    """Every problem of the stats ``spec`` would be normalized with (missing fields included)."""
+    out: list[Problem] = []
+    for which in FIELDS:
+        modes, names = spec.norm_modes(which), spec.state_names() if which == "state" else spec.action_names()
+        try:
+            st = stats.get(spec.name, which, dataset)
+        except StatsError as e:
+            where = f"{StatsFile.key(spec.name, dataset)}/{which}"
+            out += (
+                [Problem(where, None, "", str(e).split(". Run")[0], f"run '{STATS_COMMAND}'")]
+                if modes
+                else []
+            )
+            continue
+        out += field_problems(st, modes, f"{stats.resolve_key(spec.name, which, dataset)}/{which}", names)
+    return out
+
+
+# ---- transforms -----------------------------------------------------------------------------------------------
+def _affine(mode: str, s: NormStats, i: int) -> tuple[float, float]:
+    """(centre, half-width) of dim ``i`` so that ``y = (x - centre) / half``."""
+    if s.min[i] == s.max[i] and mode in ("quantile", "mean_std", "min_max"):
+        return float(s.min[i]), 1.0
+    if mode == "quantile":
+        return float(s.q01[i] + s.q99[i]) / 2, float(s.q99[i] - s.q01[i]) / 2
+    if mode == "mean_std":
+        return float(s.mean[i]), float(s.std[i])
+    if mode == "min_max":
+        return float(s.min[i] + s.max[i]) / 2, float(s.max[i] - s.min[i]) / 2
+    return 0.0, 1.0  # identity (binary is handled separately)
+
+
+class _FieldTransform:
+    """Shared setup of the invertible pair: per-dim affine ``(centre, half)`` plus a binary-dim mask."""
+
+    def __init__(
+        self,
+        stats: NormStats,
+        modes: Sequence[str],
+        *,
+        name: str = "field",
+        dim_names: Sequence[str] | None = None,
+        normalize_mask: Sequence[bool] | None = None,
+        clip: float | None = None,
+    ) -> None:
+        errors = [
+            p for p in field_problems(stats, modes, name, dim_names, normalize_mask) if p.severity == "error"
+        ]
+        if errors:
+            raise StatsError(f"Cannot normalize '{name}':\n  " + "\n  ".join(str(p) for p in errors))
+        if clip is not None and not clip > 0:
+            raise StatsError(f"clip must be > 0 or None, got {clip}")
+        mask = [True] * len(modes) if normalize_mask is None else list(normalize_mask)
+        self.stats, self.modes, self.name, self.clip = stats, list(modes), name, clip
+        self.dim_names = list(dim_names) if dim_names is not None else None
+        self.normalize_mask = np.asarray(mask, dtype=bool)
+        ab = [_affine(m, stats, i) if k else (0.0, 1.0) for i, (m, k) in enumerate(zip(modes, mask))]
+        self.centre = np.array([a for a, _ in ab], dtype=np.float64).reshape(-1)
+        self.half = np.array([b for _, b in ab], dtype=np.float64).reshape(-1)
+        self.binary = np.array([m == "binary" and k for m, k in zip(modes, mask)], dtype=bool)
+        self.clipped = np.array(
+            [k and m not in ("identity", "binary") for m, k in zip(modes, mask)], dtype=bool
+        )
+        self._torch_cache: dict[tuple[Any, Any], tuple[torch.Tensor, ...]] = {}
+
+    @property
+    def dim(self) -> int:
+        return len(self.modes)
+
+    @classmethod
+    def from_spec(
+        cls,
+        stats: StatsFile,
+        spec: EmbodimentSpec,
+        field: str,
+        *,
+        dataset: str | None = None,
+        clip: float | None = None,
+        normalize_mask: Sequence[bool] | None = None,
+    ) -> Self:
+        """Build from a ``StatsFile`` and the spec's modes; ``field`` is "state" or "action"."""
+        if field not in FIELDS:
+            raise StatsError(f"field must be one of {FIELDS}, got {field!r}")
+        names = spec.state_names() if field == "state" else spec.action_names()
+        st, key = stats.get(spec.name, field, dataset), stats.resolve_key(spec.name, field, dataset)
+        return cls(
+            st,
+            spec.norm_modes(field),
+            name=f"{key}/{field}",
+            dim_names=names,
+            normalize_mask=normalize_mask,
+            clip=clip,
+        )
+
+    def _params(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+        k = (x.device, dt)
+        if k not in self._torch_cache:
+            self._torch_cache[k] = tuple(
+                torch.as_tensor(a, device=x.device, dtype=dt if a.dtype != bool else torch.bool)
+                for a in (self.centre, self.half, self.binary, self.clipped)
+            )
+        return self._torch_cache[k]
+
+    def _check(self, x: np.ndarray | torch.Tensor) -> None:
+        if x.shape[-1:] != (self.dim,):
+            raise StatsError(f"'{self.name}': expected an array [..., {self.dim}], got shape {list(x.shape)}")
+
+    def __call__(self, x: ArrayT) -> ArrayT:
+        """Apply to a numpy array or torch tensor ``[..., D]``; returns the same type, dtype and shape."""
+        self._check(x)
+        if isinstance(x, torch.Tensor):
+            c, h, b, k = self._params(x)
+            y = self._apply(x.to(c.dtype), c, h, b, k, torch.where, torch.clamp)
+            return y.to(x.dtype)
+        xf = np.asarray(x, dtype=np.float64)
+        y = self._apply(xf, self.centre, self.half, self.binary, self.clipped, np.where, np.clip)
+        return y.astype(x.dtype if np.issubdtype(x.dtype, np.floating) else np.float32, copy=False)
+
+    def _apply(self, x, c, h, b, k, where, clamp):  # numpy or torch: same code
+        raise NotImplementedError
+
+    def _twin(self, cls: type[_T]) -> _T:
+        mask = self.normalize_mask.tolist()
+        return cls(
+            self.stats,
+            self.modes,
+            name=self.name,
+            dim_names=self.dim_names,
+            normalize_mask=mask,
+            clip=self.clip,
+        )
+
+
+class Normalizer(_FieldTransform):
+    """Raw units -> model units for one field (see the module docstring for modes, clipping and constants)."""
+
+    def _apply(self, x, c, h, b, k, where, clamp):
+        y = (x - c) / h
+        if self.clip is not None:
+            y = where(k, clamp(y, -self.clip, self.clip), y)
+        return where(b, where(x > 0.5, 1.0, -1.0), y)
+
+    def inverse(self) -> Unnormalizer:
+        return self._twin(Unnormalizer)
+
+
+class Unnormalizer(_FieldTransform):
+    """Model units -> raw units for one field: the exact inverse of ``Normalizer`` (binary: ``y > 0`` -> 1)."""
+
+    def _apply(self, x, c, h, b, k, where, clamp):
+        return where(b, where(x > 0, 1.0, 0.0), x * h + c)
+
+    def inverse(self) -> Normalizer:
+        return self._twin(Normalizer)
+
+
+def make_normalize_fn(
+    stats: StatsFile,
+    specs: dict[str, EmbodimentSpec],
+    *,
+    clip: float | None = None,
+    per_dataset: bool | Collection[str] = False,
+) -> Callable[[str, str, str, np.ndarray], np.ndarray]:
+    """The loader's ``normalize(embodiment, dataset, which, array)``: Normalizers built lazily and cached.
+
+    Stats are per embodiment (DESIGN §4); ``per_dataset`` (True, or the names of the datasets whose conventions
+    differ) uses the ``"<embodiment>@<dataset>"`` stats instead where the file has them.
+    """
+    cache: dict[tuple[str, str, str], Normalizer] = {}
+
+    def normalize(embodiment: str, dataset: str, which: str, x: np.ndarray) -> np.ndarray:
+        own = per_dataset is True or (not isinstance(per_dataset, bool) and dataset in per_dataset)
+        k = (embodiment, dataset if own else "", which)
+        if k not in cache:
+            cache[k] = Normalizer.from_spec(stats, specs[embodiment], which, dataset=k[1] or None, clip=clip)
+        return cache[k](x)
+
+    return normalize

@@ -1,0 +1,410 @@
+"""LeRobot v3.0 dataset writer (used by simulation data generation and ``vla data convert``).
+
+Writes exactly what LeRobot 0.6's own writer does, so ``LeRobotDataset(repo_id, root=...)`` loads it::
+
+    data/chunk-XXX/file-XXX.parquet                 low-dim features (+ PNG images when video=False), 1 row group/episode
+    videos/<key>/chunk-XXX/file-XXX.mp4             episodes concatenated; from/to timestamps in meta/episodes
+    meta/info.json, meta/tasks.parquet, meta/stats.json, meta/episodes/chunk-XXX/file-XXX.parquet
+
+Every saved episode is committed atomically (:mod:`vla.data.writers.staging`): a crash or Ctrl-C mid-episode
+leaves a valid dataset of the finished episodes, and opening a writer on it again resumes (appends).
+Files are rewritten per episode, so besides LeRobot's size limits a file also rolls over at
+``max_frames_per_file`` frames to bound the cost of an episode commit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vla.data import video
+from vla.data.writers.lerobot_episode import aggregate_stats, data_table, episode_stats, write_parquet
+from vla.data.writers.staging import commit, recover, stage_dir, staging_committed
+
+CODEBASE_VERSION = "v3.0"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
+    k: {"dtype": d, "shape": [1], "names": None}
+    for k, d in [("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
+                 ("index", "int64"), ("task_index", "int64")]
+}  # fmt: skip
+EPISODES_PER_META_FILE = 1000
+# episode metadata keys that would collide with LeRobot's own meta/episodes columns
+_RESERVED = ("episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index",
+             "data/", "videos/", "meta/", "stats/")  # fmt: skip
+
+
+def _next_file(chunk: int, file: int, chunks_size: int) -> tuple[int, int]:
+    return (chunk + 1, 0) if file + 1 >= chunks_size else (chunk, file + 1)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = (
+                v.tolist() if isinstance(v, np.ndarray | np.generic) else str(v) if isinstance(v, Path) else v
+            )
+    return out
+
+
+class LeRobotWriter:
+    """Append episodes to a LeRobot v3.0 dataset at ``root`` (created, resumed or overwritten, see ``mode``).
+
+    ``features`` maps user feature names to LeRobot specs ``{"dtype", "shape", "names"}``: numeric dtypes with a
+    per-step shape, or ``"video"``/``"image"`` cameras with shape ``(H, W, 3)`` stored as MP4 when ``video`` else as
+    PNG in the parquet. ``timestamp``/``frame_index``/``episode_index``/``index``/``task_index`` are added.
+    ``mode``: ``"append"`` (create, or resume an existing dataset with the same features), ``"create"`` (fail if it
+    exists) or ``"overwrite"``.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        fps: int | None = None,
+        features: dict[str, dict[str, Any]] | None = None,
+        *,
+        robot_type: str | None = None,
+        video: bool = True,  # shadows the module inside __init__ only (LeRobot's name for the flag)
+        vcodec: str = "av1",
+        crf: int = video.DEFAULT_CRF,
+        gop: int = video.DEFAULT_GOP,
+        preset: int | str | None = None,
+        mode: str = "append",
+        chunks_size: int = 1000,
+        data_files_size_in_mb: int = 100,
+        video_files_size_in_mb: int = 200,
+        max_frames_per_file: int = 10_000,
+    ) -> None:
+        if mode not in ("append", "create", "overwrite"):
+            raise ValueError(f"mode must be 'append', 'create' or 'overwrite', got {mode!r}")
+        self.root = Path(root)
+        if mode == "overwrite":
+            shutil.rmtree(self.root, ignore_errors=True)
+        recover(self.root)
+        self._vcodec, self._encode = vcodec, {"crf": crf, "gop": gop, "preset": preset}
+        self._max_frames = max_frames_per_file
+        self._buffer: list[dict[str, Any]] = []
+        self._closed = False
+        if (self.root / "meta" / "info.json").exists():
+            if mode == "create":
+                raise FileExistsError(
+                    f"{self.root}: a dataset already exists; use mode='append' or 'overwrite'"
+                )
+            self._resume(fps, features, video)
+            return
+        if fps is None or features is None:
+            raise ValueError(f"{self.root}: fps and features are required to create a new dataset")
+        normalized = self._normalize(features, video)
+        has_video = any(ft["dtype"] == "video" for ft in normalized.values())
+        self.info: dict[str, Any] = {
+            "codebase_version": CODEBASE_VERSION, "fps": fps, "features": normalized,
+            "total_episodes": 0, "total_frames": 0, "total_tasks": 0, "chunks_size": chunks_size,
+            "data_files_size_in_mb": data_files_size_in_mb, "video_files_size_in_mb": video_files_size_in_mb,
+            "data_path": DATA_PATH, "video_path": VIDEO_PATH if has_video else None,
+            "robot_type": robot_type, "splits": {},
+        }  # fmt: skip
+        self._tasks: dict[str, int] = {}
+        self._stats: dict[str, dict[str, np.ndarray]] | None = None
+        self._meta_rows: list[dict[str, Any]] = []
+        self._meta_file = (0, 0)
+        self._data_tables: list[pa.Table] = []
+        self._data_file = (0, 0)
+        self._videos: dict[str, tuple[int, int, int]] = {}  # key -> (chunk, file, frames in file)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # ---- public API -----------------------------------------------------------------------------------------
+    @property
+    def features(self) -> dict[str, dict[str, Any]]:
+        return self.info["features"]
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [k for k, ft in self.info["features"].items() if ft["dtype"] == "video"]
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.info["total_episodes"])
+
+    def add_frame(self, frame: dict[str, Any]) -> None:
+        """Buffer one step: every user feature (``[*shape]``, images uint8 ``[H, W, 3]``) and optionally ``task``."""
+        user = [k for k in self.features if k not in DEFAULT_FEATURES]
+        if unknown := sorted(set(frame) - set(user) - {"task"}):
+            raise KeyError(f"unknown feature(s) {unknown}; this dataset has {user} (+ 'task')")
+        if missing := [k for k in user if k not in frame]:
+            raise KeyError(f"frame {len(self._buffer)} is missing feature(s) {missing}")
+        # copies: simulators often reuse their observation buffers between steps
+        self._buffer.append({k: self._check(k, np.array(v), (), f"frame {len(self._buffer)}") if k != "task" else str(v)
+                             for k, v in frame.items()})  # fmt: skip
+
+    def save_episode(self, task: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+        """Commit the buffered frames as one episode; ``task`` applies to frames without their own. Returns its index."""
+        if not self._buffer:
+            raise ValueError("save_episode() with no frames; call add_frame() first")
+        tasks = [f.get("task", task) for f in self._buffer]
+        if any(t is None for t in tasks):
+            raise ValueError(
+                "every frame needs a task: pass save_episode(task=...) or a 'task' key in add_frame()"
+            )
+        arrays = {k: np.stack([f[k] for f in self._buffer]) for k in self._buffer[0] if k != "task"}
+        index = self._write_episode(arrays, [str(t) for t in tasks], metadata or {})
+        self._buffer = []
+        return index
+
+    def add_episode(
+        self,
+        frames: dict[str, np.ndarray],
+        tasks: str | Sequence[str],
+        episode_metadata: dict[str, Any] | None = None,
+    ) -> int:
+        """Commit a whole episode: ``frames[key]`` is ``[T, *shape]`` for every user feature; ``tasks`` one or T strings."""
+        user = [k for k in self.features if k not in DEFAULT_FEATURES]
+        if sorted(frames) != sorted(user):
+            raise KeyError(f"add_episode needs exactly the features {user}, got {sorted(frames)}")
+        length = len(next(iter(frames.values())))
+        arrays = {k: self._check(k, np.asarray(v), (length,), "episode") for k, v in frames.items()}
+        tasks = [tasks] * length if isinstance(tasks, str) else [str(t) for t in tasks]
+        if len(tasks) != length or length == 0:
+            raise ValueError(
+                f"episode has {length} frames but {len(tasks)} tasks; pass one task or one per frame"
+            )
+        return self._write_episode(arrays, tasks, episode_metadata or {})
+
+    def clear_episode(self) -> None:
+        """Drop the frames buffered since the last ``save_episode``."""
+        self._buffer = []
+
+    def finalize(self) -> None:
+        """Close the writer. Saved episodes are already on disk; unsaved buffered frames are dropped."""
+        self._buffer, self._closed = [], True
+
+    def __enter__(self) -> LeRobotWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finalize()
+
+    # ---- validation -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _normalize(features: dict[str, dict[str, Any]], use_video: bool) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for key, ft in features.items():
+            if key in DEFAULT_FEATURES or key == "task":
+                raise ValueError(f"feature name {key!r} is reserved (added by the writer)")
+            dtype, shape = ft.get("dtype"), [int(s) for s in ft.get("shape", ())]
+            if dtype in ("video", "image"):
+                if len(shape) != 3 or shape[2] != 3:
+                    raise ValueError(f"camera feature {key!r} needs shape (H, W, 3), got {shape}")
+                out[key] = {
+                    "dtype": "video" if use_video else "image",
+                    "shape": shape,
+                    "names": ["height", "width", "channels"],
+                }
+                continue
+            try:
+                kind = np.dtype(dtype).kind
+            except TypeError:
+                kind = "?"
+            if kind not in "biuf" or not shape:
+                raise ValueError(
+                    f"feature {key!r}: dtype must be numeric/bool with a shape, got {dtype!r} {shape}"
+                )
+            out[key] = {"dtype": np.dtype(dtype).name, "shape": shape, "names": ft.get("names")}
+        return out | DEFAULT_FEATURES
+
+    def _check(self, key: str, value: np.ndarray, lead: tuple[int, ...], where: str) -> np.ndarray:
+        ft = self.features[key]
+        camera = ft["dtype"] in ("video", "image")
+        shape = (*lead, *ft["shape"]) if not (ft["shape"] == [1] and value.shape == lead) else lead
+        if value.shape != shape or (camera and value.dtype != np.uint8):
+            raise ValueError(
+                f"{where}: {key!r} must be {'uint8 ' if camera else ''}{shape}, got {value.dtype} {value.shape}"
+            )
+        if not camera and not np.can_cast(value.dtype, ft["dtype"], "same_kind"):
+            raise ValueError(f"{where}: {key!r} has dtype {value.dtype}, cannot store as {ft['dtype']}")
+        return value if camera else value.astype(ft["dtype"], copy=False)
+
+    # ---- resume -----------------------------------------------------------------------------------------------
+    def _resume(self, fps: int | None, features: dict[str, dict[str, Any]] | None, use_video: bool) -> None:
+        self.info = json.loads((self.root / "meta" / "info.json").read_text())
+        if self.info.get("codebase_version") != CODEBASE_VERSION:
+            raise ValueError(
+                f"{self.root}: can only append to {CODEBASE_VERSION} datasets, found {self.info.get('codebase_version')}"
+            )
+        if fps is not None and fps != self.info["fps"]:
+            raise ValueError(f"{self.root}: dataset has fps={self.info['fps']}, not {fps}")
+        if features is not None:
+            want = self._normalize(features, use_video)
+            have = {k: {f: v for f, v in ft.items() if f != "info"} for k, ft in self.features.items()}
+            if want != have:
+                raise ValueError(
+                    f"{self.root}: existing features {have} differ from {want}; use mode='overwrite' or a new root"
+                )
+        for key in self.video_keys:
+            codec = self.features[key].get("info", {}).get("video.codec")
+            if codec and codec != self._vcodec and video.available_encoder(self._vcodec) != codec:
+                self._vcodec = codec  # keep the file's codec: stream-copy concatenation needs it unchanged
+        self._tasks = {}
+        if (self.root / "meta" / "tasks.parquet").exists():
+            tasks = pq.read_table(self.root / "meta" / "tasks.parquet")
+            self._tasks = {
+                t: int(i) for t, i in zip(tasks["task"].to_pylist(), tasks["task_index"].to_pylist())
+            }
+        stats_path = self.root / "meta" / "stats.json"
+        self._stats = ({k: {s: np.asarray(v) for s, v in d.items()} for k, d in json.loads(stats_path.read_text()).items()}
+                       if stats_path.exists() else None)  # fmt: skip
+        self._meta_rows, self._meta_file, self._data_tables, self._data_file = [], (0, 0), [], (0, 0)
+        self._videos = {}
+        meta_files = sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))
+        if not meta_files:
+            return
+        self._meta_rows = pq.read_table(meta_files[-1]).to_pylist()
+        last = self._meta_rows[-1]
+        self._meta_file = (last["meta/episodes/chunk_index"], last["meta/episodes/file_index"])
+        self._data_file = (last["data/chunk_index"], last["data/file_index"])
+        table = pq.read_table(
+            self.root / DATA_PATH.format(chunk_index=self._data_file[0], file_index=self._data_file[1])
+        )
+        ep_col = table["episode_index"].to_numpy()
+        cuts = [0, *(np.flatnonzero(np.diff(ep_col)) + 1).tolist(), len(ep_col)]
+        self._data_tables = [table.slice(a, b - a) for a, b in itertools.pairwise(cuts)]
+        for key in self.video_keys:
+            c, f = last[f"videos/{key}/chunk_index"], last[f"videos/{key}/file_index"]
+            path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=c, file_index=f)
+            self._videos[key] = (c, f, video.get_decoder(path).num_frames)
+            video.close_decoder(path)
+
+    # ---- one episode, committed atomically ------------------------------------------------------------------
+    def _write_episode(
+        self, arrays: dict[str, np.ndarray], tasks: list[str], metadata: dict[str, Any]
+    ) -> int:
+        if self._closed:
+            raise RuntimeError(f"{self.root}: writer already finalized")
+        extra = _flatten(metadata)
+        if clash := [k for k in extra if k.startswith(_RESERVED) or k in _RESERVED]:
+            raise ValueError(
+                f"episode metadata key(s) {clash} collide with LeRobot's episode columns; rename them"
+            )
+        ep, length = self.num_episodes, len(tasks)
+        fps, start = self.info["fps"], int(self.info["total_frames"])
+        stage = stage_dir(self.root, f"episode-{ep:06d}")
+        staged: dict[str, Path] = {}  # final path (relative to root) -> staged file
+        try:
+            new_tasks = dict(self._tasks)
+            for t in tasks:
+                new_tasks.setdefault(t, len(new_tasks))
+            columns = dict(arrays)
+            columns |= {
+                "timestamp": (np.arange(length) / fps).astype(np.float32), "frame_index": np.arange(length),
+                "episode_index": np.full(length, ep), "index": np.arange(start, start + length),
+                "task_index": np.array([new_tasks[t] for t in tasks]),
+            }  # fmt: skip
+            ep_stats = episode_stats(columns, self.features)
+            row: dict[str, Any] = {"episode_index": ep, "tasks": list(dict.fromkeys(tasks)), "length": length}
+
+            table = data_table(columns, self.features)
+            tables, (dc, df) = [*self._data_tables, table], self._data_file
+            old = self.root / DATA_PATH.format(chunk_index=dc, file_index=df)
+            rows_in_file = sum(t.num_rows for t in self._data_tables)
+            if self._data_tables and (rows_in_file + length > self._max_frames or old.stat().st_size / 2**20
+                                      + table.nbytes / 2**20 >= self.info["data_files_size_in_mb"]):  # fmt: skip
+                tables, (dc, df) = [table], _next_file(dc, df, self.info["chunks_size"])
+            staged[DATA_PATH.format(chunk_index=dc, file_index=df)] = stage / "data.parquet"
+            write_parquet(tables, stage / "data.parquet")
+            row |= {
+                "data/chunk_index": dc,
+                "data/file_index": df,
+                "dataset_from_index": start,
+                "dataset_to_index": start + length,
+            }
+
+            video_state = dict(self._videos)
+            for i, key in enumerate(self.video_keys):
+                episode_mp4, merged = stage / f"video-{i}.mp4", stage / f"video-{i}-file.mp4"
+                video.encode_video(arrays[key], episode_mp4, fps, vcodec=self._vcodec, **self._encode)
+                vc, vf, frames_in_file = self._videos.get(key, (0, -1, 0))
+                old = self.root / VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=max(vf, 0))
+                fits = vf >= 0 and frames_in_file + length <= self._max_frames
+                if (
+                    fits
+                    and (old.stat().st_size + episode_mp4.stat().st_size) / 2**20
+                    < self.info["video_files_size_in_mb"]
+                ):
+                    from_ts = video.concat_videos([old, episode_mp4], merged)[1]
+                else:  # start a new file with this episode
+                    vc, vf = _next_file(vc, vf, self.info["chunks_size"]) if vf >= 0 else (0, 0)
+                    frames_in_file, from_ts, merged = 0, 0.0, episode_mp4
+                staged[VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=vf)] = merged
+                video_state[key] = (vc, vf, frames_in_file + length)
+                row |= {f"videos/{key}/chunk_index": vc, f"videos/{key}/file_index": vf,
+                        f"videos/{key}/from_timestamp": from_ts, f"videos/{key}/to_timestamp": from_ts + length / fps}  # fmt: skip
+                if "info" not in self.features[key]:
+                    self.features[key]["info"] = self._video_info(episode_mp4)
+
+            row |= {f"stats/{k}/{s}": v.tolist() for k, d in ep_stats.items() for s, v in d.items()}
+            meta_rows, (mc, mf) = [*self._meta_rows, row], self._meta_file
+            if len(self._meta_rows) >= EPISODES_PER_META_FILE:
+                meta_rows, (mc, mf) = [row], _next_file(mc, mf, self.info["chunks_size"])
+            row |= {"meta/episodes/chunk_index": mc, "meta/episodes/file_index": mf, **extra}
+            try:
+                pq.write_table(pa.Table.from_pylist(meta_rows), stage / "episodes.parquet")
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise ValueError(
+                    f"episode metadata {extra} does not fit the columns of earlier episodes: {e}"
+                ) from e
+            staged[EPISODES_PATH.format(chunk_index=mc, file_index=mf)] = stage / "episodes.parquet"
+
+            if len(new_tasks) != len(self._tasks):
+                import pandas as pd  # LeRobot reads tasks with pandas and needs the task string as the index
+
+                frame = pd.DataFrame(
+                    {"task_index": list(new_tasks.values())}, index=pd.Index(list(new_tasks), name="task")
+                )
+                frame.to_parquet(stage / "tasks.parquet")
+                staged["meta/tasks.parquet"] = stage / "tasks.parquet"
+            stats = aggregate_stats([self._stats, ep_stats] if self._stats else [ep_stats])
+            (stage / "stats.json").write_text(
+                json.dumps({k: {s: v.tolist() for s, v in d.items()} for k, d in stats.items()}, indent=4)
+            )
+            staged["meta/stats.json"] = stage / "stats.json"
+            info = {**self.info, "total_episodes": ep + 1, "total_frames": start + length, "total_tasks": len(new_tasks),
+                    "splits": {"train": f"0:{ep + 1}"}}  # fmt: skip
+            (stage / "info.json").write_text(json.dumps(info, indent=4))
+            staged["meta/info.json"] = stage / "info.json"
+            commit(self.root, staged)
+        except BaseException:
+            if staging_committed(self.root):  # past the commit point: a new writer on root finishes it
+                self._closed = True
+                raise
+            shutil.rmtree(stage, ignore_errors=True)
+            for key in self.video_keys:  # video info probed from an episode that never landed
+                if self.info["total_episodes"] == 0:
+                    self.features[key].pop("info", None)
+            raise
+        self.info, self._tasks, self._stats = info, new_tasks, stats
+        self._meta_rows, self._meta_file = meta_rows, (mc, mf)
+        self._data_tables, self._data_file, self._videos = tables, (dc, df), video_state
+        return ep
+
+    def _video_info(self, path: Path) -> dict[str, Any]:
+        probe = video.probe_video(path)
+        info = {k: v for k, v in probe.items() if k.startswith(("video.", "has_"))}
+        info["video.fps"] = self.info["fps"]
+        preset = self._encode["preset"]
+        if preset is None and video.available_encoder(self._vcodec) == "libsvtav1":
+            preset = 12
+        info |= {"video.g": self._encode["gop"], "video.crf": self._encode["crf"], "video.preset": preset,
+                 "video.fast_decode": 0, "video.video_backend": "pyav", "video.extra_options": {}, "is_depth_map": False}  # fmt: skip
+        return info
