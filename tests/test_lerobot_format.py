@@ -233,8 +233,11 @@ FEATURES = {
 
 def _add_episode_by_frames(writer: LeRobotWriter, e: int, length: int, **save: object) -> int:
     data = synthetic_episode(e, length, CAMS, 6, 4, 0)
+    buffers = {k: np.empty_like(v[0]) for k, v in data.items()}  # reused every step, as simulators do
     for i in range(length):
-        writer.add_frame({k: v[i] for k, v in data.items()} | ({} if save else {"task": TASKS[e % 3]}))
+        for k, v in data.items():
+            buffers[k][...] = v[i]
+        writer.add_frame(buffers | ({} if save else {"task": TASKS[e % 3]}))
     return writer.save_episode(**save)  # type: ignore[arg-type]
 
 
@@ -593,6 +596,32 @@ def test_reads_dataset_written_by_lerobot(lerobot_written: tuple[Path, dict]) ->
         video.close_decoders()
         for f in random.Random(e).sample(range(n), 8):
             np.testing.assert_array_equal(reader.read_images("train", e, [f], [key])[key][0], sequential[f])
+
+
+def test_append_to_dataset_written_by_lerobot(lerobot_written: tuple[Path, dict], tmp_path: Path) -> None:
+    import shutil
+
+    root = Path(shutil.copytree(lerobot_written[0], tmp_path / "appended"))
+    with LeRobotWriter(root) as writer:  # resume: features, codec and files come from the existing dataset
+        assert writer.num_episodes == 6
+        frames = {"observation.state": np.ones((12, 8), np.float32), "action": np.zeros((12, 7), np.float32)}
+        for cam, name in enumerate(("front", "wrist")):
+            frames[f"observation.images.{name}"] = np.stack(
+                [frame_code_image(6, i, cam, 96, 128) for i in range(12)]
+            )
+        assert writer.add_episode(frames, "a new task") == 6
+    reader = LeRobotReader(root)
+    assert reader.num_episodes("train") == 7 and len(list((root / "videos").rglob("*.mp4"))) == 2
+    ep = reader.read_episode("train", 6)
+    assert ep.steps["task"][0] == "a new task" and ep.steps["index"][0] == 240
+    images = reader.read_images("train", 6, [11, 0, 5], reader.image_keys())
+    assert [decode_frame_code(im) for im in images["observation.images.wrist"]] == [
+        (6, 11, 1),
+        (6, 0, 1),
+        (6, 5, 1),
+    ]
+    state = reader.read_episode("train", 3).steps["observation.state"]  # LeRobot's episodes are untouched
+    np.testing.assert_array_equal(state, np.stack([_peer_state(3, t) for t in range(40)]))
 
 
 def test_stats_match_lerobot_compute_stats(v3_av1: Path) -> None:

@@ -56,12 +56,38 @@ class AugmentConfig:
 
 
 @dataclass(frozen=True)
+class StandardizeConfig:
+    """Per-run standardization choices (see ``vla.data.standardize.StandardizeOptions``).
+
+    ``drop_first``/``drop_last`` override the key map's defaults (None = keep them; e.g. ``drop_first=0`` keeps
+    Bridge's all-zero first step as Octo does); ``language_choice`` is ``first_nonempty`` or ``random`` (DROID's
+    three instructions); ``idle_filter`` applies openpi's DROID idle-frame rule; ``success_only`` keeps only
+    episodes whose path says success.
+    """
+
+    drop_first: int | None = None
+    drop_last: int | None = None
+    language_choice: str = "first_nonempty"
+    idle_filter: bool = False
+    success_only: bool = False
+
+    def __post_init__(self) -> None:
+        _require(
+            self.language_choice in ("first_nonempty", "random"),
+            f"data.standardize.language_choice must be 'first_nonempty' or 'random', got {self.language_choice!r}",
+        )
+        for name in ("drop_first", "drop_last"):
+            v = getattr(self, name)
+            _require(v is None or v >= 0, f"data.standardize.{name} must be >= 0 or null, got {v}")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """What the loader reads and how it turns frames into training samples.
 
     Either ``datasets`` (paths) or ``mixture`` (a name from ``data_mixtures/`` or a YAML path, resolved under
     ``data_root``). ``obs_history`` is T_obs, ``chunk_length`` is H (0 = each embodiment's default);
-    ``image_size`` is the (square) side images are resized to.
+    ``image_size`` is the (square) side images are resized to (0 = keep native sizes).
     """
 
     datasets: tuple[str, ...] = ()
@@ -74,6 +100,7 @@ class DataConfig:
     chunk_length: int = 10
     image_size: int = 224
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    standardize: StandardizeConfig = field(default_factory=StandardizeConfig)
     batch_size: int = 8
     num_workers: int = 0
     shuffle: bool = True
@@ -86,7 +113,10 @@ class DataConfig:
         _require(bool(self.datasets) != bool(self.mixture), "data: set exactly one of data.datasets or data.mixture")
         _require(self.obs_history >= 1, f"data.obs_history must be >= 1, got {self.obs_history}")
         _require(self.chunk_length >= 0, f"data.chunk_length must be >= 0 (0 = embodiment default), got {self.chunk_length}")
-        _require(16 <= self.image_size <= 2048, f"data.image_size must be in [16, 2048], got {self.image_size}")
+        _require(
+            self.image_size == 0 or 16 <= self.image_size <= 2048,
+            f"data.image_size must be 0 (keep each camera's size) or in [16, 2048], got {self.image_size}",
+        )
         _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         _require(self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}")
         _require(
@@ -160,7 +190,8 @@ def load_config(cls: type[C], preset: str | Path | dict[str, Any] | None = None,
     """Build a ``cls`` config from a preset (path, name under ``configs/<kind>/`` or dict) plus dotted overrides."""
     data: dict[str, Any] = {}
     if isinstance(preset, dict):
-        data = dict(preset)
+        # nested config objects given in a dict preset are turned back into plain dicts for decoding
+        data = {k: draccus.encode(v) if dataclasses.is_dataclass(v) else v for k, v in preset.items()}
     elif preset is not None:
         path = resolve_preset(kind, preset)
         try:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from vla.config import DataConfig
 from vla.data.mixture_sampler import MixtureSampler
 from vla.data.readers import DatasetReader, open_dataset
-from vla.data.standardize import StdEpisode, keymap_for, standardize_episode
+from vla.data.standardize import StandardizeOptions, StdEpisode, keymap_for, standardize_episode
 from vla.data.transforms import augment_images, resize_images
 from vla.types import Batch
 
@@ -46,13 +46,22 @@ class Source:
     keymap: Any
     lengths: np.ndarray  # int64 [num_episodes]: frames kept by standardization
     name: str
+    options: StandardizeOptions | None = None
 
     @property
     def num_samples(self) -> int:
         return int(self.lengths.sum())
 
 
-def build_source(reader: DatasetReader, split: str, keymap: Any | None = None) -> Source:
+def standardize_options(cfg: DataConfig) -> StandardizeOptions:
+    """The ``StandardizeOptions`` a ``DataConfig`` asks for (seeded by ``data.seed``)."""
+    st = cfg.standardize
+    return StandardizeOptions(drop_first=st.drop_first, drop_last=st.drop_last, language_choice=st.language_choice,
+                              seed=cfg.seed, idle_filter=st.idle_filter, success_only=st.success_only)
+
+
+def build_source(reader: DatasetReader, split: str, keymap: Any | None = None,
+                 options: StandardizeOptions | None = None) -> Source:
     """Standardize every episode once to learn how many frames each keeps (drop rules, idle filters)."""
     km = keymap or keymap_for(reader)
     if km is None:
@@ -64,10 +73,10 @@ def build_source(reader: DatasetReader, split: str, keymap: Any | None = None) -
     if split not in reader.splits():
         raise ValueError(f"{reader.path}: no split {split!r}; available: {reader.splits()}")
     lengths = np.array(
-        [len(standardize_episode(reader, split, e, km).frames) for e in range(reader.num_episodes(split))],
+        [len(standardize_episode(reader, split, e, km, options=options).frames) for e in range(reader.num_episodes(split))],
         dtype=np.int64,
     )
-    return Source(reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name)
+    return Source(reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options)
 
 
 class WindowDataset(Dataset):
@@ -119,7 +128,7 @@ class WindowDataset(Dataset):
             self._cache.move_to_end(key)
             return hit
         src = self.sources[si]
-        std = standardize_episode(src.reader, src.split, ep, src.keymap)
+        std = standardize_episode(src.reader, src.split, ep, src.keymap, options=src.options)
         if self.normalize is not None:
             std.state = self.normalize(std.embodiment, std.dataset, "state", std.state)
             std.action = self.normalize(std.embodiment, std.dataset, "action", std.action)
@@ -182,13 +191,13 @@ class WindowDataset(Dataset):
         }
 
 
-def collate(samples: Sequence[dict[str, Any] | None], embodiment_ids: dict[str, int]) -> Batch:
+def collate(samples: Sequence[dict[str, Any] | None], embodiment_ids: dict[str, int]) -> Batch | list[str]:
     """Pad a list of samples into one ``Batch`` (shapes in ``vla.types``); skipped samples are dropped and counted
-    in ``meta["skipped"]``. Slots missing from a sample are zero images with ``image_mask`` False."""
+    in ``meta["skipped"]`` (a batch of only bad samples collates to the list of their messages). Slots missing from a sample are zero images with ``image_mask`` False."""
     skipped = [s["__skipped__"] for s in samples if s is not None and "__skipped__" in s]
     good = [s for s in samples if s is not None and "__skipped__" not in s]
     if not good:
-        raise RuntimeError(f"every sample of a batch was bad: {skipped[:3]}")
+        return skipped  # the loader counts and logs these, and moves on to the next batch
     b = len(good)
     s_max = max(len(s["state"]) for s in good)
     h_max = max(s["actions"].shape[0] for s in good)
@@ -252,7 +261,7 @@ class _Collate:
     def __init__(self, embodiment_ids: dict[str, int]) -> None:
         self.embodiment_ids = embodiment_ids
 
-    def __call__(self, samples: Sequence[dict[str, Any] | None]) -> Batch:
+    def __call__(self, samples: Sequence[dict[str, Any] | None]) -> Batch | list[str]:
         return collate(samples, self.embodiment_ids)
 
 
@@ -301,6 +310,14 @@ class SampleOrder:
     def __iter__(self) -> Iterator[list[int]]:
         yield from self.batches(self.epoch)[self.start_batch :]
 
+    def stream_state_at(self, epoch: int) -> dict[str, Any] | None:
+        """The stream's state at the start of ``epoch`` (drawn already, or about to be drawn)."""
+        if self.stream is None:
+            return None
+        if self._drawn is not None and self._drawn[0] == epoch:
+            return self.epoch_start_state
+        return self.stream.state_dict()
+
     def restore_stream(self, epoch: int, state: dict[str, Any]) -> None:
         """Rewind the stream to the start of ``epoch`` (its saved state) so that epoch is drawn again exactly."""
         assert self.stream is not None
@@ -321,6 +338,7 @@ class VLALoader:
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = True,
+        stream: MixtureSampler | None = None,
     ) -> None:
         self.dataset, self.cfg = dataset, cfg
         self.embodiment_ids = dict(embodiment_ids)
@@ -332,6 +350,8 @@ class VLALoader:
             rank=rank,
             world_size=world_size,
             drop_last=drop_last,
+            stream=stream,
+            offsets=dataset._src_offsets[:-1].astype(np.int64),
         )
         if len(self.order) == 0:
             raise ValueError(
@@ -360,10 +380,12 @@ class VLALoader:
         """One epoch (the rest of it after a resume); the next ``iter`` starts the next epoch."""
         for batch in self._loader():
             self.batches_done += 1
-            for msg in batch.meta.get("skipped", []):
+            skipped = batch if isinstance(batch, list) else batch.meta.get("skipped", [])
+            for msg in skipped:
                 self.num_skipped += 1
                 log.warning("skipped bad sample (%d so far): %s", self.num_skipped, msg)
-            yield batch
+            if isinstance(batch, Batch):
+                yield batch
         self.epoch += 1
         self.batches_done = 0
 
@@ -374,7 +396,9 @@ class VLALoader:
             "seed": self.cfg.seed,
             "num_samples": len(self.dataset),
             "world_size": self.order.world_size,
+            "rank": self.order.rank,
             "num_skipped": self.num_skipped,
+            "stream_epoch_start": self.order.stream_state_at(self.epoch),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -382,6 +406,7 @@ class VLALoader:
             ("seed", self.cfg.seed),
             ("num_samples", len(self.dataset)),
             ("world_size", self.order.world_size),
+            ("rank", self.order.rank),
         ):
             if state.get(key) != mine:
                 raise ValueError(
@@ -429,17 +454,18 @@ def build_loader(cfg: DataConfig, *, rank: int = 0, world_size: int = 1, embodim
     from vla.embodiments import get_embodiment
 
     stream = None
+    opts = standardize_options(cfg)
     if cfg.mixture:
         from vla.data.mixture import resolve_mixture
 
         resolved = resolve_mixture(cfg.mixture, cfg.data_root, allow_missing=cfg.allow_missing)
         if resolved.message:
             log.warning("%s", resolved.message)
-        sources = [build_source(open_dataset(d.path), d.split or cfg.split) for d in resolved.datasets]
+        sources = [build_source(open_dataset(d.path), d.split or cfg.split, options=opts) for d in resolved.datasets]
         stream = resolved.sampler([s.num_samples for s in sources], balance_by_size=cfg.balance_by_size,
                                   seed=cfg.seed, rank=rank, world_size=world_size)
     else:
-        sources = [build_source(open_dataset(p), cfg.split) for p in cfg.datasets]
+        sources = [build_source(open_dataset(p), cfg.split, options=opts) for p in cfg.datasets]
     for src in sources:
         if src.num_samples == 0:
             raise ValueError(f"{src.reader.path}: split {src.split!r} has no usable frames after standardization")

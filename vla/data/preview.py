@@ -107,7 +107,7 @@ def preview_episode(
             composed.append(top)
             continue
         bottom = panel.copy()
-        x = int(round(x0 + i / fps * px_per_s))
+        x = round(x0 + i / fps * px_per_s)
         bottom[:, max(0, x - 1) : x + 1] = (220, 30, 30)
         composed.append(np.concatenate([top, bottom], axis=0))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ def augment_images(images: torch.Tensor, cfg: AugmentConfig, gen: torch.Generato
     """
     if not cfg.enabled:
         return images
-    t, h, w, _ = images.shape
+    _, h, w, _ = images.shape
     x = images.permute(0, 3, 1, 2).float() / 255.0  # [T, 3, H, W]
     if cfg.crop_scale < 1.0:
         ch, cw = max(1, round(h * cfg.crop_scale)), max(1, round(w * cfg.crop_scale))

@@ -82,6 +82,8 @@ class VideoEncoder:
         preset: int | str | None = None,
     ) -> None:
         self.path, self.height, self.width = Path(path), height, width
+        if height % 2 or width % 2:
+            raise ValueError(f"{self.path}: yuv420p video needs even height and width, got {height}x{width}")
         self.encoder = available_encoder(vcodec)
         self.options = encoder_options(self.encoder, gop, crf, preset)
         self._rate = Fraction(fps).limit_denominator(1001)

@@ -135,5 +135,5 @@ class DatasetReader(ABC):
             "features": {k: f.to_json() for k, f in self.features().items()},
         }
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for readers holding nothing open
         """Release open files/decoders (readers reopen lazily, e.g. after a DataLoader worker fork)."""

@@ -244,9 +244,9 @@ class RLDSReader(DatasetReader):
 
     def __del__(self) -> None:
         # At interpreter shutdown module globals (even `contextlib`) may already be gone: plain try/except only.
-        try:
+        try:  # noqa: SIM105
             self.close()
-        except Exception:  # noqa: SIM105
+        except Exception:
             pass
 
     # ---- internals: files --------------------------------------------------------------------------------

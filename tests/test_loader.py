@@ -1,0 +1,188 @@
+"""The training loader: windows, padding/masks of mixed-embodiment batches, exact resume, rank sharding,
+mixtures, normalization, augmentation determinism and bad-sample handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from vla.config import AugmentConfig, DataConfig, load_config
+from vla.data.loader import build_loader
+from vla.data.normalize import Normalizer, StatsFile
+from vla.data.readers import open_dataset
+from vla.data.standardize import standardize_episode
+from vla.data.stats import write_stats
+from vla.data.writers.synthetic import decode_frame_code, make_lerobot_dataset
+from vla.embodiments import get_embodiment
+from vla.types import Batch
+
+LENGTHS = [12, 9, 15]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """Two LeRobot v3 datasets of different embodiments (widowx_bridge: 7/7, franka_droid: 8/8)."""
+    root = tmp_path_factory.mktemp("data")
+    make_lerobot_dataset(root / "widowx_set", num_episodes=3, episode_length=LENGTHS, state_dim=7, action_dim=7,
+                         cameras={"primary": (32, 40), "secondary": (32, 40)}, robot_type="widowx_bridge", fps=5, seed=1)
+    make_lerobot_dataset(root / "franka_set", num_episodes=2, episode_length=[10, 11], state_dim=8, action_dim=8,
+                         cameras={"primary": (32, 40), "wrist": (32, 40)}, robot_type="franka_droid", fps=15, seed=2)
+    return root
+
+
+def _cfg(paths: list[Path], **kw) -> DataConfig:
+    base = {"datasets": [str(p) for p in paths], "image_size": 0, "normalize": False, "batch_size": 4,
+            "chunk_length": 4, "obs_history": 1}
+    base.update(kw)
+    return load_config(DataConfig, base)
+
+
+def _all(loader) -> list[Batch]:
+    return list(loader)
+
+
+def _key(batch: Batch) -> list[tuple]:
+    return list(zip(batch.meta["dataset"], batch.meta["episode"], batch.meta["frame"]))
+
+
+def test_mixed_embodiment_batch_contract(data_root: Path) -> None:
+    loader = build_loader(_cfg([data_root / "widowx_set", data_root / "franka_set"], batch_size=8))
+    assert loader.embodiment_ids == {"franka_droid": 0, "widowx_bridge": 1}
+    seen = set()
+    for batch in loader:
+        batch.validate()
+        assert batch.state.shape[1] == 8 and batch.actions.shape[1:] == (4, 8)
+        for i, emb in enumerate(batch.meta["embodiment"]):
+            width = 7 if emb == "widowx_bridge" else 8
+            seen.add(emb)
+            assert batch.state_mask[i].sum() == width and batch.action_mask[i].sum() == width
+            assert torch.all(batch.state[i, width:] == 0) and torch.all(batch.actions[i, :, width:] == 0)
+            # widowx has primary+secondary, franka primary+wrist: the missing slot is masked, not attended
+            assert bool(batch.image_mask["wrist"][i]) == (emb == "franka_droid")
+            assert bool(batch.image_mask["secondary"][i]) == (emb == "widowx_bridge")
+            if not batch.image_mask["wrist"][i]:
+                assert int(batch.images["wrist"][i].sum()) == 0
+    assert seen == {"franka_droid", "widowx_bridge"}
+
+
+def test_windows_history_chunk_and_padding(data_root: Path) -> None:
+    path = data_root / "widowx_set"
+    loader = build_loader(_cfg([path], obs_history=2, chunk_length=5, batch_size=1, shuffle=False))
+    reader = open_dataset(path)
+    stds = [standardize_episode(reader, "train", e) for e in range(3)]
+    count = 0
+    for batch in loader:
+        ep, frame = batch.meta["episode"][0], batch.meta["frame"][0]
+        std = stds[ep]
+        pos = int(np.flatnonzero(std.frames == frame)[0])
+        n = len(std.frames)
+        # action chunk = the next 5 standardized actions; past the end padded (repeat last) and flagged
+        want_pad = np.arange(pos, pos + 5) >= n
+        assert batch.action_is_pad[0].numpy().tolist() == want_pad.tolist()
+        want = std.action[np.minimum(np.arange(pos, pos + 5), n - 1)]
+        np.testing.assert_array_equal(batch.actions[0].numpy(), want)
+        np.testing.assert_array_equal(batch.state[0].numpy(), std.state[pos])
+        # history: frames pos-1, pos (the first frame repeated at the episode start); images decode to them
+        img = batch.images["primary"][0].numpy()
+        got = [decode_frame_code(img[t])[:2] for t in range(2)]
+        prev = std.frames[max(pos - 1, 0)]
+        assert got == [(ep, int(prev)), (ep, int(frame))]
+        assert batch.prompt[0] == reader.read_frame("train", ep, int(frame))["task"]
+        count += 1
+    assert count == sum(LENGTHS)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_yields_exactly_the_same_batches(data_root: Path, num_workers: int) -> None:
+    cfg = _cfg([data_root / "widowx_set", data_root / "franka_set"], num_workers=num_workers,
+               augment=AugmentConfig(enabled=True))
+    ref = build_loader(cfg)
+    epoch0, epoch1 = _all(ref), _all(ref)
+    assert [_key(b) for b in epoch0] != [_key(b) for b in epoch1]  # reshuffled per epoch
+    a = build_loader(cfg)
+    it = iter(a)
+    for _ in range(3):
+        next(it)
+    state = a.state_dict()
+    b = build_loader(cfg)
+    b.load_state_dict(state)
+    rest = _all(b)
+    assert [_key(x) for x in rest] == [_key(x) for x in epoch0[3:]]
+    for x, y in zip(rest, epoch0[3:]):
+        for slot in x.images:
+            assert torch.equal(x.images[slot], y.images[slot])  # augmentation is seeded per sample, not per worker
+        assert torch.equal(x.actions, y.actions)
+    assert [_key(x) for x in _all(b)] == [_key(x) for x in epoch1]
+
+
+def test_resume_rejects_other_settings(data_root: Path) -> None:
+    a = build_loader(_cfg([data_root / "widowx_set"]))
+    state = a.state_dict()
+    b = build_loader(_cfg([data_root / "widowx_set"], seed=1))
+    with pytest.raises(ValueError, match="seed=0 but this loader has seed=1"):
+        b.load_state_dict(state)
+
+
+def test_ranks_get_disjoint_equal_shares(data_root: Path) -> None:
+    cfg = _cfg([data_root / "widowx_set", data_root / "franka_set"], batch_size=2)
+    keys = []
+    for rank in range(2):
+        loader = build_loader(cfg, rank=rank, world_size=2)
+        keys.append([k for b in loader for k in _key(b)])
+    assert len(keys[0]) == len(keys[1]) > 0
+    assert not set(keys[0]) & set(keys[1])
+
+
+def test_mixture_resume_and_rank_sharding(data_root: Path, tmp_path: Path) -> None:
+    mix = tmp_path / "two.yaml"
+    mix.write_text(yaml.safe_dump({"name": "two", "balance_by_size": True,
+                                   "datasets": [{"name": "widowx_set", "weight": 1.0}, {"name": "franka_set", "weight": 3.0}]}))
+    cfg = load_config(DataConfig, {"mixture": str(mix), "data_root": str(data_root), "image_size": 0,
+                                   "normalize": False, "batch_size": 4, "chunk_length": 2})
+    ref = build_loader(cfg)
+    epochs = [_all(ref), _all(ref)]
+    a = build_loader(cfg)
+    it = iter(a)
+    next(it), next(it)
+    b = build_loader(cfg)
+    b.load_state_dict(a.state_dict())
+    assert [_key(x) for x in _all(b)] == [_key(x) for x in epochs[0][2:]]
+    assert [_key(x) for x in _all(b)] == [_key(x) for x in epochs[1]]
+    names = [d for batch in epochs[0] + epochs[1] for d in batch.meta["dataset"]]
+    assert names.count("franka_set") > names.count("widowx_set")  # weight 3 x size vs 1 x size
+    r0 = {k for batch in build_loader(cfg, rank=0, world_size=2) for k in _key(batch)}
+    r1 = {k for batch in build_loader(cfg, rank=1, world_size=2) for k in _key(batch)}
+    assert r0 and r1 and r0 != r1
+
+
+def test_normalization_uses_dataset_stats_and_missing_stats_is_clear(data_root: Path, tmp_path: Path) -> None:
+    path = data_root / "widowx_set"
+    with pytest.raises(FileNotFoundError, match=r"Run 'vla data stats .*widowx_set'"):
+        build_loader(_cfg([path], normalize=True, stats_path=None))
+    stats_path = write_stats(path, out=tmp_path / "stats.json", progress=False)
+    loader = build_loader(_cfg([path], normalize=True, stats_path=str(stats_path), shuffle=False, batch_size=1))
+    batch = next(iter(loader))
+    std = standardize_episode(open_dataset(path), "train", batch.meta["episode"][0])
+    pos = int(np.flatnonzero(std.frames == batch.meta["frame"][0])[0])
+    norm = Normalizer.from_spec(StatsFile.load(stats_path), get_embodiment("widowx_bridge"), "state")
+    np.testing.assert_allclose(batch.state[0, :7].numpy(), norm(std.state[pos : pos + 1])[0], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(batch.state[0, :7].numpy(), std.state[pos])
+
+
+def test_bad_sample_raise_names_location_and_skip_counts(tmp_path: Path) -> None:
+    path = make_lerobot_dataset(tmp_path / "bad", num_episodes=2, episode_length=8, state_dim=7, action_dim=7,
+                                cameras={"primary": (32, 40)}, robot_type="widowx_bridge", video=True)
+    videos = sorted((path / "videos").rglob("*.mp4"))
+    data = bytearray(videos[0].read_bytes())
+    data[len(data) // 3 :] = b"\x00" * (len(data) - len(data) // 3)  # wipe the tail: frames there won't decode
+    videos[0].write_bytes(bytes(data))
+    with pytest.raises(Exception, match=r"while loading sample .*bad.*data.on_bad_sample=skip"):
+        _all(build_loader(_cfg([path], shuffle=False, batch_size=2)))
+    loader = build_loader(_cfg([path], shuffle=False, batch_size=2, on_bad_sample="skip"))
+    batches = _all(loader)
+    assert loader.num_skipped > 0
+    assert sum(b.batch_size for b in batches) == 16 - loader.num_skipped
