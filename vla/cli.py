@@ -160,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `vla data show ... | head`: the reader went away, nothing to report
+        sys.stderr.close()
+        return 0
     except (ValueError, KeyError, IndexError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
         if os.environ.get("VLA_DEBUG"):
             raise

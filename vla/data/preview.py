@@ -77,7 +77,11 @@ def preview_episode(
         raise IndexError(
             f"{reader.path}: --episode {episode} out of range (split {split!r} has {reader.num_episodes(split)})"
         )
-    fps = fps or reader.fps or 10.0
+    if not fps:
+        from vla.data.standardize import keymap_for
+
+        keymap = keymap_for(reader)
+        fps = reader.fps or (keymap.control_hz if keymap is not None else None) or 10.0
     ep = reader.read_episode(split, episode)
     keys = reader.image_keys()
     traces = _lowdim_traces(ep.steps)

@@ -119,6 +119,7 @@ class LeRobotReader(DatasetReader):
 
     # ---- data -------------------------------------------------------------------------------------------
     def read_episode(self, split: str, episode: int) -> RawEpisode:
+        """Low-dim fields of one episode; ``steps`` are read-only views into this process's per-file cache."""
         ep = self._episode(split, episode)
         data = self._data_file(ep.data_file)
         start, stop = data.rows[ep.index]
@@ -179,7 +180,6 @@ class LeRobotReader(DatasetReader):
     def __getstate__(self) -> dict[str, Any]:  # DataLoader workers re-read parquet files lazily
         return {**self.__dict__, "_files": {}}
 
-    # ---- metadata loading ---------------------------------------------------------------------------------
     # ---- lookups ------------------------------------------------------------------------------------------
     def _split(self, split: str) -> list[int]:
         try:
