@@ -35,5 +35,7 @@ def _seed() -> None:
 def bridge_fixture() -> Path:
     """Path of the genuine Open X-Embodiment RLDS export (Octo's bridge_dataset debug copy), read-only."""
     if not BRIDGE_FIXTURE.is_dir():
-        pytest.skip(f"shared RLDS fixture not found at {BRIDGE_FIXTURE} (only present in the team's workspace)")
+        pytest.skip(
+            f"shared RLDS fixture not found at {BRIDGE_FIXTURE} (only present in the team's workspace)"
+        )
     return BRIDGE_FIXTURE

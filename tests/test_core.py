@@ -35,7 +35,12 @@ def test_registry_lazy_loader_runs_once() -> None:
 
 
 def test_parse_overrides_nested_and_typed() -> None:
-    assert parse_overrides(["a.b=1", "--c=x", "d=[1, 2]", "e=true"]) == {"a": {"b": 1}, "c": "x", "d": [1, 2], "e": True}
+    assert parse_overrides(["a.b=1", "--c=x", "d=[1, 2]", "e=true"]) == {
+        "a": {"b": 1},
+        "c": "x",
+        "d": [1, 2],
+        "e": True,
+    }
     with pytest.raises(ConfigError, match="key=value"):
         parse_overrides(["batch_size"])
 
@@ -65,7 +70,7 @@ def test_config_errors_name_field_and_fix(override: str, message: str) -> None:
 
 
 def test_config_requires_one_data_source() -> None:
-    with pytest.raises(ConfigError, match="exactly one of data.datasets or data.mixture"):
+    with pytest.raises(ConfigError, match=r"exactly one of data\.datasets or data\.mixture"):
         load_config(DataConfig, {})
 
 
@@ -100,7 +105,7 @@ def test_batch_validate_accepts_contract_and_names_bad_key() -> None:
         bad.validate()
     bad = _batch()
     bad.state = bad.state.double()
-    with pytest.raises(ShapeError, match="state: expected dtype torch.float32, got torch.float64"):
+    with pytest.raises(ShapeError, match=r"state: expected dtype torch\.float32, got torch\.float64"):
         bad.validate()
     bad = _batch()
     bad.images = {"top": bad.images["primary"]}
@@ -115,8 +120,16 @@ def test_batch_to_moves_tensors() -> None:
 
 
 def test_frame_validate_names_location() -> None:
-    f = Frame(images={"wrist": np.zeros((4, 4, 3), np.uint8)}, state=np.zeros(3, np.float32),
-              action=np.zeros(2, np.float64), prompt="p", embodiment="e", dataset="d", episode=1, frame=2)
+    f = Frame(
+        images={"wrist": np.zeros((4, 4, 3), np.uint8)},
+        state=np.zeros(3, np.float32),
+        action=np.zeros(2, np.float64),
+        prompt="p",
+        embodiment="e",
+        dataset="d",
+        episode=1,
+        frame=2,
+    )
     with pytest.raises(ShapeError, match="action in d episode 1 frame 2: expected dtype float32"):
         f.validate()
 

@@ -27,16 +27,40 @@ LENGTHS = [12, 9, 15]
 def data_root(tmp_path_factory) -> Path:
     """Two LeRobot v3 datasets of different embodiments (widowx_bridge: 7/7, franka_droid: 8/8)."""
     root = tmp_path_factory.mktemp("data")
-    make_lerobot_dataset(root / "widowx_set", num_episodes=3, episode_length=LENGTHS, state_dim=7, action_dim=7,
-                         cameras={"primary": (32, 40), "secondary": (32, 40)}, robot_type="widowx_bridge", fps=5, seed=1)
-    make_lerobot_dataset(root / "franka_set", num_episodes=2, episode_length=[10, 11], state_dim=8, action_dim=8,
-                         cameras={"primary": (32, 40), "wrist": (32, 40)}, robot_type="franka_droid", fps=15, seed=2)
+    make_lerobot_dataset(
+        root / "widowx_set",
+        num_episodes=3,
+        episode_length=LENGTHS,
+        state_dim=7,
+        action_dim=7,
+        cameras={"primary": (32, 40), "secondary": (32, 40)},
+        robot_type="widowx_bridge",
+        fps=5,
+        seed=1,
+    )
+    make_lerobot_dataset(
+        root / "franka_set",
+        num_episodes=2,
+        episode_length=[10, 11],
+        state_dim=8,
+        action_dim=8,
+        cameras={"primary": (32, 40), "wrist": (32, 40)},
+        robot_type="franka_droid",
+        fps=15,
+        seed=2,
+    )
     return root
 
 
 def _cfg(paths: list[Path], **kw) -> DataConfig:
-    base = {"datasets": [str(p) for p in paths], "image_size": 0, "normalize": False, "batch_size": 4,
-            "chunk_length": 4, "obs_history": 1}
+    base = {
+        "datasets": [str(p) for p in paths],
+        "image_size": 0,
+        "normalize": False,
+        "batch_size": 4,
+        "chunk_length": 4,
+        "obs_history": 1,
+    }
     base.update(kw)
     return load_config(DataConfig, base)
 
@@ -98,8 +122,11 @@ def test_windows_history_chunk_and_padding(data_root: Path) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_yields_exactly_the_same_batches(data_root: Path, num_workers: int) -> None:
-    cfg = _cfg([data_root / "widowx_set", data_root / "franka_set"], num_workers=num_workers,
-               augment=AugmentConfig(enabled=True))
+    cfg = _cfg(
+        [data_root / "widowx_set", data_root / "franka_set"],
+        num_workers=num_workers,
+        augment=AugmentConfig(enabled=True),
+    )
     ref = build_loader(cfg)
     epoch0, epoch1 = _all(ref), _all(ref)
     assert [_key(b) for b in epoch0] != [_key(b) for b in epoch1]  # reshuffled per epoch
@@ -114,7 +141,9 @@ def test_resume_yields_exactly_the_same_batches(data_root: Path, num_workers: in
     assert [_key(x) for x in rest] == [_key(x) for x in epoch0[3:]]
     for x, y in zip(rest, epoch0[3:]):
         for slot in x.images:
-            assert torch.equal(x.images[slot], y.images[slot])  # augmentation is seeded per sample, not per worker
+            assert torch.equal(
+                x.images[slot], y.images[slot]
+            )  # augmentation is seeded per sample, not per worker
         assert torch.equal(x.actions, y.actions)
     assert [_key(x) for x in _all(b)] == [_key(x) for x in epoch1]
 
@@ -139,10 +168,26 @@ def test_ranks_get_disjoint_equal_shares(data_root: Path) -> None:
 
 def test_mixture_resume_and_rank_sharding(data_root: Path, tmp_path: Path) -> None:
     mix = tmp_path / "two.yaml"
-    mix.write_text(yaml.safe_dump({"name": "two", "balance_by_size": True,
-                                   "datasets": [{"name": "widowx_set", "weight": 1.0}, {"name": "franka_set", "weight": 3.0}]}))
-    cfg = load_config(DataConfig, {"mixture": str(mix), "data_root": str(data_root), "image_size": 0,
-                                   "normalize": False, "batch_size": 4, "chunk_length": 2})
+    mix.write_text(
+        yaml.safe_dump(
+            {
+                "name": "two",
+                "balance_by_size": True,
+                "datasets": [{"name": "widowx_set", "weight": 1.0}, {"name": "franka_set", "weight": 3.0}],
+            }
+        )
+    )
+    cfg = load_config(
+        DataConfig,
+        {
+            "mixture": str(mix),
+            "data_root": str(data_root),
+            "image_size": 0,
+            "normalize": False,
+            "batch_size": 4,
+            "chunk_length": 2,
+        },
+    )
     ref = build_loader(cfg)
     epochs = [_all(ref), _all(ref)]
     a = build_loader(cfg)
@@ -164,21 +209,35 @@ def test_normalization_uses_dataset_stats_and_missing_stats_is_clear(data_root: 
     with pytest.raises(FileNotFoundError, match=r"Run 'vla data stats .*widowx_set'"):
         build_loader(_cfg([path], normalize=True, stats_path=None))
     stats_path = write_stats(path, out=tmp_path / "stats.json", progress=False)
-    loader = build_loader(_cfg([path], normalize=True, stats_path=str(stats_path), shuffle=False, batch_size=1))
+    loader = build_loader(
+        _cfg([path], normalize=True, stats_path=str(stats_path), shuffle=False, batch_size=1)
+    )
     batch = next(iter(loader))
     std = standardize_episode(open_dataset(path), "train", batch.meta["episode"][0])
     pos = int(np.flatnonzero(std.frames == batch.meta["frame"][0])[0])
     norm = Normalizer.from_spec(StatsFile.load(stats_path), get_embodiment("widowx_bridge"), "state")
-    np.testing.assert_allclose(batch.state[0, :7].numpy(), norm(std.state[pos : pos + 1])[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        batch.state[0, :7].numpy(), norm(std.state[pos : pos + 1])[0], rtol=1e-6, atol=1e-6
+    )
     assert not np.allclose(batch.state[0, :7].numpy(), std.state[pos])
 
 
 def test_bad_sample_raise_names_location_and_skip_counts(tmp_path: Path) -> None:
-    path = make_lerobot_dataset(tmp_path / "bad", num_episodes=2, episode_length=8, state_dim=7, action_dim=7,
-                                cameras={"primary": (32, 40)}, robot_type="widowx_bridge", video=True)
+    path = make_lerobot_dataset(
+        tmp_path / "bad",
+        num_episodes=2,
+        episode_length=8,
+        state_dim=7,
+        action_dim=7,
+        cameras={"primary": (32, 40)},
+        robot_type="widowx_bridge",
+        video=True,
+    )
     videos = sorted((path / "videos").rglob("*.mp4"))
     data = bytearray(videos[0].read_bytes())
-    data[len(data) // 3 :] = b"\x00" * (len(data) - len(data) // 3)  # wipe the tail: frames there won't decode
+    data[len(data) // 3 :] = b"\x00" * (
+        len(data) - len(data) // 3
+    )  # wipe the tail: frames there won't decode
     videos[0].write_bytes(bytes(data))
     with pytest.raises(Exception, match=r"while loading sample .*bad.*data.on_bad_sample=skip"):
         _all(build_loader(_cfg([path], shuffle=False, batch_size=2)))

@@ -71,15 +71,25 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
     else:
         for p in problems:
             print(p)
-        print(f"{len(problems)} problem(s) found in {args.path}" if problems else f"OK: no problems found in {args.path}")
+        print(
+            f"{len(problems)} problem(s) found in {args.path}"
+            if problems
+            else f"OK: no problems found in {args.path}"
+        )
     return 1 if problems else 0
 
 
 def cmd_data_convert(args: argparse.Namespace) -> int:
     from vla.data.convert import convert_dataset
 
-    out = convert_dataset(args.src, args.dst, to=args.to, video=not args.no_video, vcodec=args.vcodec,
-                          max_episodes=args.max_episodes)
+    out = convert_dataset(
+        args.src,
+        args.dst,
+        to=args.to,
+        video=not args.no_video,
+        vcodec=args.vcodec,
+        max_episodes=args.max_episodes,
+    )
     print(f"wrote {out}")
     return 0
 
@@ -120,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = data.add_parser("stats", help="normalization statistics per embodiment (versioned JSON)")
     s.add_argument("path")
-    s.add_argument("--out", default=None, help="output JSON (default: <dataset>/meta/vla_stats.json or the cache)")
+    s.add_argument(
+        "--out", default=None, help="output JSON (default: <dataset>/meta/vla_stats.json or the cache)"
+    )
     s.add_argument("--max-episodes", type=int, default=None)
     s.set_defaults(fn=cmd_data_stats)
 

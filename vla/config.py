@@ -48,7 +48,9 @@ class AugmentConfig:
     hue: float = 0.05
 
     def __post_init__(self) -> None:
-        _require(0.1 <= self.crop_scale <= 1.0, f"augment.crop_scale must be in [0.1, 1], got {self.crop_scale}")
+        _require(
+            0.1 <= self.crop_scale <= 1.0, f"augment.crop_scale must be in [0.1, 1], got {self.crop_scale}"
+        )
         for name in ("brightness", "contrast", "saturation"):
             v = getattr(self, name)
             _require(0.0 <= v < 1.0, f"augment.{name} must be in [0, 1), got {v}")
@@ -110,9 +112,15 @@ class DataConfig:
     stats_path: str | None = None
 
     def __post_init__(self) -> None:
-        _require(bool(self.datasets) != bool(self.mixture), "data: set exactly one of data.datasets or data.mixture")
+        _require(
+            bool(self.datasets) != bool(self.mixture),
+            "data: set exactly one of data.datasets or data.mixture",
+        )
         _require(self.obs_history >= 1, f"data.obs_history must be >= 1, got {self.obs_history}")
-        _require(self.chunk_length >= 0, f"data.chunk_length must be >= 0 (0 = embodiment default), got {self.chunk_length}")
+        _require(
+            self.chunk_length >= 0,
+            f"data.chunk_length must be >= 0 (0 = embodiment default), got {self.chunk_length}",
+        )
         _require(
             self.image_size == 0 or 16 <= self.image_size <= 2048,
             f"data.image_size must be 0 (keep each camera's size) or in [16, 2048], got {self.image_size}",
@@ -140,7 +148,9 @@ def resolve_preset(kind: str, name_or_path: str | Path) -> Path:
     known = sorted(x.stem for x in folder.glob("*.yaml"))
     close = difflib.get_close_matches(str(name_or_path), known, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(f"Unknown {kind} preset {name_or_path!r}.{hint} Known: {', '.join(known) or '(none)'} (in {folder}).")
+    raise ConfigError(
+        f"Unknown {kind} preset {name_or_path!r}.{hint} Known: {', '.join(known) or '(none)'} (in {folder})."
+    )
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -149,7 +159,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         s = item[2:] if item.startswith("--") else item
         if "=" not in s:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. batch_size=16 or augment.enabled=true)")
+            raise ConfigError(
+                f"override {item!r} must look like key=value (e.g. batch_size=16 or augment.enabled=true)"
+            )
         key, raw = s.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
@@ -178,15 +190,25 @@ def _check_keys(cls: type, data: dict[str, Any], prefix: str = "") -> None:
     names = [f.name for f in dataclasses.fields(cls)]
     for k, v in data.items():
         if k not in names:
-            close = [n for n in names if n.startswith(k)] or difflib.get_close_matches(k, names, n=3, cutoff=0.5)
+            close = [n for n in names if n.startswith(k)] or difflib.get_close_matches(
+                k, names, n=3, cutoff=0.5
+            )
             hint = f" Did you mean {', '.join(prefix + c for c in close)}?" if close else ""
-            raise ConfigError(f"Unknown config key {prefix + k!r}.{hint} Allowed: {', '.join(prefix + n for n in names)}.")
+            raise ConfigError(
+                f"Unknown config key {prefix + k!r}.{hint} Allowed: {', '.join(prefix + n for n in names)}."
+            )
         sub = hints.get(k)
         if dataclasses.is_dataclass(sub) and isinstance(v, dict):
             _check_keys(sub, v, prefix=f"{prefix}{k}.")
 
 
-def load_config(cls: type[C], preset: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None, *, kind: str = "") -> C:
+def load_config(
+    cls: type[C],
+    preset: str | Path | dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+    *,
+    kind: str = "",
+) -> C:
     """Build a ``cls`` config from a preset (path, name under ``configs/<kind>/`` or dict) plus dotted overrides."""
     data: dict[str, Any] = {}
     if isinstance(preset, dict):

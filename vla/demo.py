@@ -37,9 +37,17 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     work.mkdir(parents=True)
 
     _say("1. write datasets (LeRobot v3.0 with AV1 video; RLDS in DROID's published layout)")
-    widowx = make_lerobot_dataset(work / "data" / "widowx_demo", num_episodes=4, episode_length=[24, 30, 20, 26],
-                                  cameras={"primary": (96, 128), "secondary": (96, 128)}, state_dim=7, action_dim=7,
-                                  fps=5, robot_type="widowx_bridge", seed=0)
+    widowx = make_lerobot_dataset(
+        work / "data" / "widowx_demo",
+        num_episodes=4,
+        episode_length=[24, 30, 20, 26],
+        cameras={"primary": (96, 128), "secondary": (96, 128)},
+        state_dim=7,
+        action_dim=7,
+        fps=5,
+        robot_type="widowx_bridge",
+        seed=0,
+    )
     rng = np.random.default_rng(0)
     episodes = [synthetic_droid_episode(rng, 20, (90, 160, 3)) for _ in range(3)]
     droid = work / "data" / "droid_100"
@@ -49,14 +57,18 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     _say("2. vla data info")
     for path in (widowx, droid):
         info = dataset_info(path)
-        splits = ", ".join(f"{k}: {v['episodes']} episodes / {v['frames']} frames" for k, v in info["splits"].items())
+        splits = ", ".join(
+            f"{k}: {v['episodes']} episodes / {v['frames']} frames" for k, v in info["splits"].items()
+        )
         print(f"{info['name']:<14} {info['format']:<13} embodiment={info['embodiment']:<14} {splits}")
 
     _say("3. vla data show --json (one DROID step: raw fields as stored + the canonical frame)")
     shown = show_frame(droid, None, 1, 5)
     print(json.dumps({k: shown[k] for k in ("format", "split", "episode", "frame", "num_frames")}))
     print("raw keys:", ", ".join(sorted(shown["raw"])[:8]), "...")
-    print("standardized:", json.dumps({k: shown["standardized"][k] for k in ("embodiment", "prompt", "action")}))
+    print(
+        "standardized:", json.dumps({k: shown["standardized"][k] for k in ("embodiment", "prompt", "action")})
+    )
 
     _say("4. vla data validate")
     for path in (widowx, droid):
@@ -76,22 +88,43 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     print(f"wrote {preview_episode(widowx, work / 'widowx_ep0.mp4', episode=0)}")
 
     _say("8. loader: mixed-embodiment batches (history 2, chunk 10, 224 px, augmentation on, normalized)")
-    cfg = load_config(DataConfig, {"datasets": [str(widowx), str(droid)], "batch_size": 8, "obs_history": 2,
-                                   "chunk_length": 10, "image_size": 224, "augment": {"enabled": True}})
+    cfg = load_config(
+        DataConfig,
+        {
+            "datasets": [str(widowx), str(droid)],
+            "batch_size": 8,
+            "obs_history": 2,
+            "chunk_length": 10,
+            "image_size": 224,
+            "augment": {"enabled": True},
+        },
+    )
     loader = build_loader(cfg)
     for i, batch in enumerate(loader):
         batch.validate()
         if i == 0:
             print("images:", {k: list(v.shape) for k, v in batch.images.items()})
-            print("state", list(batch.state.shape), "actions", list(batch.actions.shape),
-                  "action_is_pad", int(batch.action_is_pad.sum()), "padded steps")
-            print("embodiments:", {e: batch.meta["embodiment"].count(e) for e in sorted(set(batch.meta["embodiment"]))})
+            print(
+                "state",
+                list(batch.state.shape),
+                "actions",
+                list(batch.actions.shape),
+                "action_is_pad",
+                int(batch.action_is_pad.sum()),
+                "padded steps",
+            )
+            print(
+                "embodiments:",
+                {e: batch.meta["embodiment"].count(e) for e in sorted(set(batch.meta["embodiment"]))},
+            )
         if i == 4:
             break
     print(f"loader state after 5 batches: {loader.state_dict()['batches_done']} batches done (resumable)")
 
     _say("not built yet")
-    print("model (VLM backbone + flow-matching action expert), training, serving, simulation and evaluation are")
+    print(
+        "model (VLM backbone + flow-matching action expert), training, serving, simulation and evaluation are"
+    )
     print("open issues; this tour will grow into pretrain -> fine-tune -> serve -> evaluate as they land.")
     print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; outputs in {work}")
     return 0

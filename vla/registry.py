@@ -51,7 +51,9 @@ class Registry(Generic[T]):
 
         def _do(o: T) -> T:
             if not overwrite and name in self._items:
-                raise RegistryError(f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it.")
+                raise RegistryError(
+                    f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it."
+                )
             self._items[name] = o
             return o
 

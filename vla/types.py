@@ -48,10 +48,14 @@ def check_array(key: str, value: Any, shape: tuple[int | None, ...], dtype: Any,
     """
     loc = f" in {where}" if where else ""
     if not isinstance(value, np.ndarray | torch.Tensor):
-        raise ShapeError(f"{key}{loc}: expected an array of dtype {dtype} and shape {_fmt(shape)}, got {type(value).__name__}")
+        raise ShapeError(
+            f"{key}{loc}: expected an array of dtype {dtype} and shape {_fmt(shape)}, got {type(value).__name__}"
+        )
     got_shape = tuple(value.shape)
     if len(got_shape) != len(shape) or any(e is not None and e != g for e, g in zip(shape, got_shape)):
-        raise ShapeError(f"{key}{loc}: expected shape {_fmt(shape)}, got {list(got_shape)} (dtype {value.dtype})")
+        raise ShapeError(
+            f"{key}{loc}: expected shape {_fmt(shape)}, got {list(got_shape)} (dtype {value.dtype})"
+        )
     if dtype is not None and value.dtype != dtype:
         want = np.dtype(dtype) if isinstance(value, np.ndarray) else dtype
         raise ShapeError(f"{key}{loc}: expected dtype {want}, got {value.dtype} (shape {list(got_shape)})")
@@ -83,7 +87,9 @@ class Frame:
         where = f"{self.dataset or 'frame'} episode {self.episode} frame {self.frame}"
         for slot, img in self.images.items():
             if slot not in IMAGE_SLOTS:
-                raise ShapeError(f"images[{slot!r}] in {where}: unknown camera slot; expected one of {IMAGE_SLOTS}")
+                raise ShapeError(
+                    f"images[{slot!r}] in {where}: unknown camera slot; expected one of {IMAGE_SLOTS}"
+                )
             check_array(f"images[{slot!r}]", img, (None, None, 3), np.uint8, where)
         check_array("state", self.state, (state_dim,), np.float32, where)
         check_array("action", self.action, (action_dim,), np.float32, where)
@@ -133,7 +139,9 @@ class Batch:
         b = self.batch_size
         check_array(EMBODIMENT_ID, self.embodiment_id, (b,), torch.int64)
         if set(self.images) != set(self.image_mask):
-            raise ShapeError(f"images and image_mask must have the same slots, got {sorted(self.images)} vs {sorted(self.image_mask)}")
+            raise ShapeError(
+                f"images and image_mask must have the same slots, got {sorted(self.images)} vs {sorted(self.image_mask)}"
+            )
         t = None
         for slot, img in self.images.items():
             if slot not in IMAGE_SLOTS:
@@ -149,7 +157,9 @@ class Batch:
         check_array(ACTION_MASK, self.action_mask, (b, a), torch.bool)
         check_array(ACTION_IS_PAD, self.action_is_pad, (b, h), torch.bool)
         if len(self.prompt) != b or not all(isinstance(p, str) for p in self.prompt):
-            raise ShapeError(f"{PROMPT}: expected a list of {b} strings, got {type(self.prompt).__name__} of length {len(self.prompt)}")
+            raise ShapeError(
+                f"{PROMPT}: expected a list of {b} strings, got {type(self.prompt).__name__} of length {len(self.prompt)}"
+            )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """Move every tensor to ``device`` (prompt and meta are kept as they are)."""

@@ -36,8 +36,16 @@ def _jsonable_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: to_jsonable(v) for k, v in meta.items()}
 
 
-def convert_dataset(src: str | Path, dst: str | Path, *, to: str = "lerobot", video: bool = True,
-                    vcodec: str = "av1", max_episodes: int | None = None, split: str | None = None) -> Path:
+def convert_dataset(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    to: str = "lerobot",
+    video: bool = True,
+    vcodec: str = "av1",
+    max_episodes: int | None = None,
+    split: str | None = None,
+) -> Path:
     """Convert ``src`` into a LeRobot v3.0 dataset at ``dst`` (which must not exist yet); returns ``dst``.
 
     All splits are concatenated (LeRobot stores one episode list); ``split`` restricts to one.
@@ -65,8 +73,10 @@ def convert_dataset(src: str | Path, dst: str | Path, *, to: str = "lerobot", vi
             "action": {"dtype": "float32", "shape": [spec.action_dim], "names": spec.action_names()},
         }
         for slot, key in keymap.cameras.items():
-            features[f"observation.images.{slot}"] = {"dtype": "video" if video else "image",
-                                                       "shape": list(probe[key].shape[1:])}
+            features[f"observation.images.{slot}"] = {
+                "dtype": "video" if video else "image",
+                "shape": list(probe[key].shape[1:]),
+            }
         robot_type = keymap.embodiment
     else:
         features = {}
@@ -75,25 +85,36 @@ def convert_dataset(src: str | Path, dst: str | Path, *, to: str = "lerobot", vi
             if f.kind in ("image", "video"):
                 features[name] = {"dtype": "video" if video else "image", "shape": list(f.shape)}
             elif f.kind == "tensor" and f.dtype not in ("object", "str"):
-                dtype = "float32" if f.dtype.startswith("float") else ("bool" if f.dtype == "bool" else "int64")
+                dtype = (
+                    "float32" if f.dtype.startswith("float") else ("bool" if f.dtype == "bool" else "int64")
+                )
                 features[name] = {"dtype": dtype, "shape": list(f.shape) or [1]}
         robot_type = reader.robot_type
     written = 0
-    with LeRobotWriter(dst, _fps(reader, keymap), features, robot_type=robot_type, video=video, vcodec=vcodec,
-                       mode="create") as writer:
+    with LeRobotWriter(
+        dst, _fps(reader, keymap), features, robot_type=robot_type, video=video, vcodec=vcodec, mode="create"
+    ) as writer:
         for s in splits:
             for ep in range(reader.num_episodes(s)):
                 if max_episodes is not None and written >= max_episodes:
                     break
-                meta = {"source_split": s, "source_episode": ep, **_jsonable_meta(reader.episode_metadata(s, ep))}
+                meta = {
+                    "source_split": s,
+                    "source_episode": ep,
+                    **_jsonable_meta(reader.episode_metadata(s, ep)),
+                }
                 if keymap is not None:
                     std = standardize_episode(reader, s, ep, keymap)
                     if len(std.frames) == 0:
-                        log.warning("%s: %s episode %d keeps no frames after standardization; skipped", src, s, ep)
+                        log.warning(
+                            "%s: %s episode %d keeps no frames after standardization; skipped", src, s, ep
+                        )
                         continue
                     imgs = reader.read_images(s, ep, std.frames.tolist(), list(keymap.cameras.values()))
                     frames = {"observation.state": std.state, "action": std.action}
-                    frames |= {f"observation.images.{slot}": imgs[key] for slot, key in keymap.cameras.items()}
+                    frames |= {
+                        f"observation.images.{slot}": imgs[key] for slot, key in keymap.cameras.items()
+                    }
                     tasks: list[str] | str = list(std.prompt)
                 else:
                     raw = reader.read_episode(s, ep)
@@ -106,7 +127,10 @@ def convert_dataset(src: str | Path, dst: str | Path, *, to: str = "lerobot", vi
                             continue
                         value = imgs[key] if key in imgs else raw.steps[key]
                         frames[name] = np.asarray(value).reshape(raw.length, *features[name]["shape"])
-                    text = next((raw.steps[k] for k, f in feats.items() if f.kind == "string" and "instruction" in k), None)
+                    text = next(
+                        (raw.steps[k] for k, f in feats.items() if f.kind == "string" and "instruction" in k),
+                        None,
+                    )
                     tasks = [str(t) for t in text] if text is not None else "unknown task"
                 writer.add_episode(frames, tasks, meta)
                 written += 1

@@ -56,12 +56,19 @@ class Source:
 def standardize_options(cfg: DataConfig) -> StandardizeOptions:
     """The ``StandardizeOptions`` a ``DataConfig`` asks for (seeded by ``data.seed``)."""
     st = cfg.standardize
-    return StandardizeOptions(drop_first=st.drop_first, drop_last=st.drop_last, language_choice=st.language_choice,
-                              seed=cfg.seed, idle_filter=st.idle_filter, success_only=st.success_only)
+    return StandardizeOptions(
+        drop_first=st.drop_first,
+        drop_last=st.drop_last,
+        language_choice=st.language_choice,
+        seed=cfg.seed,
+        idle_filter=st.idle_filter,
+        success_only=st.success_only,
+    )
 
 
-def build_source(reader: DatasetReader, split: str, keymap: Any | None = None,
-                 options: StandardizeOptions | None = None) -> Source:
+def build_source(
+    reader: DatasetReader, split: str, keymap: Any | None = None, options: StandardizeOptions | None = None
+) -> Source:
     """Standardize every episode once to learn how many frames each keeps (drop rules, idle filters)."""
     km = keymap or keymap_for(reader)
     if km is None:
@@ -73,7 +80,10 @@ def build_source(reader: DatasetReader, split: str, keymap: Any | None = None,
     if split not in reader.splits():
         raise ValueError(f"{reader.path}: no split {split!r}; available: {reader.splits()}")
     lengths = np.array(
-        [len(standardize_episode(reader, split, e, km, options=options).frames) for e in range(reader.num_episodes(split))],
+        [
+            len(standardize_episode(reader, split, e, km, options=options).frames)
+            for e in range(reader.num_episodes(split))
+        ],
         dtype=np.int64,
     )
     return Source(reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options)
@@ -273,13 +283,29 @@ class SampleOrder:
     indices from it; the stream's state at the start of the epoch is kept so the epoch can be regenerated on resume.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = True, stream: MixtureSampler | None = None,
-                 offsets: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+        stream: MixtureSampler | None = None,
+        offsets: np.ndarray | None = None,
+    ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.num_samples, self.batch_size = num_samples, batch_size
-        self.shuffle, self.seed, self.rank, self.world_size, self.drop_last = shuffle, seed, rank, world_size, drop_last
+        self.shuffle, self.seed, self.rank, self.world_size, self.drop_last = (
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+        )
         self.stream, self.offsets = stream, offsets
         self.epoch = 0
         self.start_batch = 0  # batches of this epoch already consumed (set on resume)
@@ -297,7 +323,11 @@ class SampleOrder:
                 pairs = self.stream.take(self.per_rank)  # [n, 2] (dataset, sample within dataset)
                 self._drawn = (epoch, self.offsets[pairs[:, 0]] + pairs[:, 1])
             return self._drawn[1]
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples) if self.shuffle else np.arange(self.num_samples)
+        order = (
+            np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            if self.shuffle
+            else np.arange(self.num_samples)
+        )
         return order[self.rank :: self.world_size][: self.per_rank]
 
     def __len__(self) -> int:
@@ -417,7 +447,9 @@ class VLALoader:
         self.num_skipped = int(state.get("num_skipped", 0))
         if self.order.stream is not None:
             if state.get("stream_epoch_start") is None:
-                raise ValueError("loader state has no mixture stream state; it was saved by a loader without a mixture")
+                raise ValueError(
+                    "loader state has no mixture stream state; it was saved by a loader without a mixture"
+                )
             self.order.restore_stream(self.epoch, state["stream_epoch_start"])
 
 
@@ -444,8 +476,14 @@ def _load_stats(cfg: DataConfig, sources: Sequence[Source]) -> tuple[StatsFile, 
     return StatsFile(stats=merged), len(sources) > 1
 
 
-def build_loader(cfg: DataConfig, *, rank: int = 0, world_size: int = 1, embodiment_ids: dict[str, int] | None = None,
-                 train: bool = True) -> VLALoader:
+def build_loader(
+    cfg: DataConfig,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    embodiment_ids: dict[str, int] | None = None,
+    train: bool = True,
+) -> VLALoader:
     """The loader a ``DataConfig`` describes: datasets or a resolved mixture, normalized with their stats.
 
     ``embodiment_ids`` is the model's embodiment table (name -> index); by default the sorted embodiments found.
@@ -461,14 +499,23 @@ def build_loader(cfg: DataConfig, *, rank: int = 0, world_size: int = 1, embodim
         resolved = resolve_mixture(cfg.mixture, cfg.data_root, allow_missing=cfg.allow_missing)
         if resolved.message:
             log.warning("%s", resolved.message)
-        sources = [build_source(open_dataset(d.path), d.split or cfg.split, options=opts) for d in resolved.datasets]
-        stream = resolved.sampler([s.num_samples for s in sources], balance_by_size=cfg.balance_by_size,
-                                  seed=cfg.seed, rank=rank, world_size=world_size)
+        sources = [
+            build_source(open_dataset(d.path), d.split or cfg.split, options=opts) for d in resolved.datasets
+        ]
+        stream = resolved.sampler(
+            [s.num_samples for s in sources],
+            balance_by_size=cfg.balance_by_size,
+            seed=cfg.seed,
+            rank=rank,
+            world_size=world_size,
+        )
     else:
         sources = [build_source(open_dataset(p), cfg.split, options=opts) for p in cfg.datasets]
     for src in sources:
         if src.num_samples == 0:
-            raise ValueError(f"{src.reader.path}: split {src.split!r} has no usable frames after standardization")
+            raise ValueError(
+                f"{src.reader.path}: split {src.split!r} has no usable frames after standardization"
+            )
     embodiments = sorted({src.keymap.embodiment for src in sources})
     specs = {e: get_embodiment(e) for e in embodiments}
     normalize = None
@@ -476,6 +523,11 @@ def build_loader(cfg: DataConfig, *, rank: int = 0, world_size: int = 1, embodim
         stats, per_dataset = _load_stats(cfg, sources)
         normalize = make_normalize_fn(stats, specs, per_dataset=per_dataset)
     ids = embodiment_ids or {e: i for i, e in enumerate(embodiments)}
-    dataset = WindowDataset(sources, cfg, normalize=normalize, train=train,
-                            chunk_lengths={e: s.chunk_length for e, s in specs.items()})
+    dataset = WindowDataset(
+        sources,
+        cfg,
+        normalize=normalize,
+        train=train,
+        chunk_lengths={e: s.chunk_length for e, s in specs.items()},
+    )
     return VLALoader(dataset, cfg, ids, rank=rank, world_size=world_size, stream=stream)

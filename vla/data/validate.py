@@ -168,7 +168,9 @@ def validate_dataset(path: str | Path, *, max_episodes: int | None = None) -> li
     return problems
 
 
-def _stats_problems(reader: DatasetReader, per_embodiment: dict[str, tuple[list[np.ndarray], list[np.ndarray]]]) -> list[Problem]:
+def _stats_problems(
+    reader: DatasetReader, per_embodiment: dict[str, tuple[list[np.ndarray], list[np.ndarray]]]
+) -> list[Problem]:
     """Degenerate or non-finite normalization statistics of the standardized state/action, per embodiment."""
     from vla.data.normalize import StatsFile, validate_stats
     from vla.data.stats import RunningStats

@@ -64,10 +64,14 @@ class FieldSpec:
                 f"got {self.rotation_format!r}"
             )
         if self.normalization not in NORM_MODES:
-            raise SpecError(f"{where}.{self.name}.normalization must be one of {NORM_MODES}, got {self.normalization!r}")
+            raise SpecError(
+                f"{where}.{self.name}.normalization must be one of {NORM_MODES}, got {self.normalization!r}"
+            )
         for lim_name, lim in (("low", self.low), ("high", self.high)):
             if lim is not None and len(lim) != self.width:
-                raise SpecError(f"{where}.{self.name}.{lim_name} has {len(lim)} values but dims has {self.width}")
+                raise SpecError(
+                    f"{where}.{self.name}.{lim_name} has {len(lim)} values but dims has {self.width}"
+                )
         if self.low is not None and self.high is not None:
             for d, lo, hi in zip(self.dims, self.low, self.high):
                 if not lo <= hi:
@@ -83,13 +87,21 @@ class FieldSpec:
         kw["dims"] = tuple(str(x) for x in kw.get("dims", ()))
         for lim in ("low", "high"):
             if kw.get(lim) is not None:
-                kw[lim] = tuple(math.inf if v is None and lim == "high" else -math.inf if v is None else float(v) for v in kw[lim])
+                kw[lim] = tuple(
+                    math.inf if v is None and lim == "high" else -math.inf if v is None else float(v)
+                    for v in kw[lim]
+                )
         f = cls(**kw)
         f.validate(where)
         return f
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "kind": self.kind, "dims": list(self.dims), "units": self.units}
+        d: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind,
+            "dims": list(self.dims),
+            "units": self.units,
+        }
         d["absolute"] = self.absolute
         if self.rotation_format:
             d["rotation_format"] = self.rotation_format
@@ -147,8 +159,12 @@ class EmbodimentSpec:
         fields = self.state if which == "state" else self.action
         if not fields:
             return np.zeros(0, np.float64), np.zeros(0, np.float64)
-        lo = np.concatenate([np.asarray(f.low if f.low is not None else [-math.inf] * f.width) for f in fields])
-        hi = np.concatenate([np.asarray(f.high if f.high is not None else [math.inf] * f.width) for f in fields])
+        lo = np.concatenate(
+            [np.asarray(f.low if f.low is not None else [-math.inf] * f.width) for f in fields]
+        )
+        hi = np.concatenate(
+            [np.asarray(f.high if f.high is not None else [math.inf] * f.width) for f in fields]
+        )
         return lo.astype(np.float64), hi.astype(np.float64)
 
     def norm_modes(self, which: str) -> list[str]:
@@ -221,7 +237,11 @@ class EmbodimentSpec:
         d["control_hz"] = self.control_hz
         d["chunk_length"] = self.chunk_length
         d["cameras"] = {
-            k: {"height": c.height, "width": c.width, **({"description": c.description} if c.description else {})}
+            k: {
+                "height": c.height,
+                "width": c.width,
+                **({"description": c.description} if c.description else {}),
+            }
             for k, c in self.cameras.items()
         }
         d["state"] = [f.to_dict() for f in self.state]

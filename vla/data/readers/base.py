@@ -39,7 +39,12 @@ class FeatureInfo:
     description: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "dtype": self.dtype, "shape": list(self.shape), "description": self.description}
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "description": self.description,
+        }
 
 
 @dataclass
@@ -107,7 +112,9 @@ class DatasetReader(ABC):
         """Low-dimensional fields of one episode (``episode`` counts from 0 in the format's natural order)."""
 
     @abstractmethod
-    def read_images(self, split: str, episode: int, frames: Sequence[int], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    def read_images(
+        self, split: str, episode: int, frames: Sequence[int], keys: Sequence[str]
+    ) -> dict[str, np.ndarray]:
         """Decoded images: ``{key: uint8 [len(frames), H, W, 3]}`` for the requested frame indices."""
 
     def episode_metadata(self, split: str, episode: int) -> dict[str, Any]:
@@ -117,7 +124,9 @@ class DatasetReader(ABC):
         """Every field of one step as stored: numbers as arrays/scalars, strings as ``str``, images uint8 HWC."""
         ep = self.read_episode(split, episode)
         if not 0 <= frame < ep.length:
-            raise IndexError(f"{self.path}: frame {frame} out of range for {split} episode {episode} ({ep.length} frames)")
+            raise IndexError(
+                f"{self.path}: frame {frame} out of range for {split} episode {episode} ({ep.length} frames)"
+            )
         out: dict[str, Any] = {k: v[frame] for k, v in ep.steps.items()}
         imgs = self.read_images(split, episode, [frame], self.image_keys())
         out.update({k: v[0] for k, v in imgs.items()})
@@ -131,7 +140,9 @@ class DatasetReader(ABC):
             "name": self.name,
             "fps": self.fps,
             "robot_type": self.robot_type,
-            "splits": {s: {"episodes": self.num_episodes(s), "frames": self.num_frames(s)} for s in self.splits()},
+            "splits": {
+                s: {"episodes": self.num_episodes(s), "frames": self.num_frames(s)} for s in self.splits()
+            },
             "features": {k: f.to_json() for k, f in self.features().items()},
         }
 
