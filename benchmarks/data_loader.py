@@ -49,16 +49,28 @@ def ensure_lerobot_dataset() -> tuple[Path, str]:
     """The peer's LeRobot-written sample (same files for both sides) or, without the peer, our equivalent."""
     peer_py = PEER_VENV / "bin" / "python"
     if not (PEER_DATASET / "meta" / "info.json").exists() and peer_py.exists():
-        subprocess.run([str(peer_py), str(PEER_DIR / "peer_lerobot_bench.py"), "make-dataset"], check=True,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
+        subprocess.run(
+            [str(peer_py), str(PEER_DIR / "peer_lerobot_bench.py"), "make-dataset"],
+            check=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+        )
     if (PEER_DATASET / "meta" / "info.json").exists():
         return PEER_DATASET, "written by LeRobot 0.6.1 (peer make-dataset)"
     from vla.data.writers.synthetic import make_lerobot_dataset
 
     root = OWN_CACHE / "lerobot_v3_sample"
     if not (root / "meta" / "info.json").exists():
-        make_lerobot_dataset(root, num_episodes=N_EP, episode_length=N_FR, cameras={"front": (H, W), "wrist": (H, W)},
-                             state_dim=STATE, action_dim=ACTION, fps=FPS, robot_type="synthetic_7dof")
+        make_lerobot_dataset(
+            root,
+            num_episodes=N_EP,
+            episode_length=N_FR,
+            cameras={"front": (H, W), "wrist": (H, W)},
+            state_dim=STATE,
+            action_dim=ACTION,
+            fps=FPS,
+            robot_type="synthetic_7dof",
+        )
     return root, "written by vla's LeRobotWriter (peer venv absent)"
 
 
@@ -77,15 +89,25 @@ def ensure_rlds_dataset(src: Path) -> Path:
     for e in range(reader.num_episodes("train")):
         raw = reader.read_episode("train", e)
         imgs = reader.read_images("train", e, list(range(raw.length)), reader.image_keys())
-        steps = {"observation/state": raw.steps["observation.state"], "action": raw.steps["action"],
-                 "observation/image_front": imgs["observation.images.front"],
-                 "observation/image_wrist": imgs["observation.images.wrist"],
-                 "language_instruction": [str(t) for t in raw.steps["task"]],
-                 "is_first": np.arange(raw.length) == 0, "is_last": np.arange(raw.length) == raw.length - 1}
+        steps = {
+            "observation/state": raw.steps["observation.state"],
+            "action": raw.steps["action"],
+            "observation/image_front": imgs["observation.images.front"],
+            "observation/image_wrist": imgs["observation.images.wrist"],
+            "language_instruction": [str(t) for t in raw.steps["task"]],
+            "is_first": np.arange(raw.length) == 0,
+            "is_last": np.arange(raw.length) == raw.length - 1,
+        }
         episodes.append({"steps": steps})
-    spec = {"observation/state": tensor([STATE]), "action": tensor([ACTION]),
-            "observation/image_front": image([H, W, 3]), "observation/image_wrist": image([H, W, 3]),
-            "language_instruction": text(), "is_first": scalar("bool"), "is_last": scalar("bool")}
+    spec = {
+        "observation/state": tensor([STATE]),
+        "action": tensor([ACTION]),
+        "observation/image_front": image([H, W, 3]),
+        "observation/image_wrist": image([H, W, 3]),
+        "language_instruction": text(),
+        "is_first": scalar("bool"),
+        "is_last": scalar("bool"),
+    }
     write_rlds(out, "bench_rlds_sample", {"train": episodes}, spec)
     return out
 
@@ -101,9 +123,17 @@ def bench_keymap(fmt: str):
         cams = {"primary": "observation/image_front", "wrist": "observation/image_wrist"}
         state, action, lang = "observation/state", "action", "language_instruction"
     features = {state: f"float32[{STATE}]", action: f"float32[{ACTION}]", lang: "string"}
-    return KeyMap(dataset=f"bench_{fmt}", embodiment="franka_oxe_joint", cameras=cams, language=lang,
-                  control_hz=FPS, action_space="joint_delta", state=(raw(state),), action=(raw(action),),
-                  features=features)
+    return KeyMap(
+        dataset=f"bench_{fmt}",
+        embodiment="franka_oxe_joint",
+        cameras=cams,
+        language=lang,
+        control_hz=FPS,
+        action_space="joint_delta",
+        state=(raw(state),),
+        action=(raw(action),),
+        features=features,
+    )
 
 
 # ---- one measurement (child process) ---------------------------------------------------------------------------
@@ -115,14 +145,28 @@ def child_ours(job: dict) -> dict:
     from vla.data.readers import open_dataset
 
     torch.set_num_threads(job["threads"])
-    cfg = load_config(DataConfig, {"datasets": [job["path"]], "batch_size": BATCH, "chunk_length": CHUNK,
-                                   "image_size": 0, "normalize": False, "num_workers": job["workers"], "shuffle": True})
+    cfg = load_config(
+        DataConfig,
+        {
+            "datasets": [job["path"]],
+            "batch_size": BATCH,
+            "chunk_length": CHUNK,
+            "image_size": 0,
+            "normalize": False,
+            "num_workers": job["workers"],
+            "shuffle": True,
+        },
+    )
     source = build_source(open_dataset(job["path"]), "train", keymap=bench_keymap(job["format"]))
-    loader = VLALoader(WindowDataset([source], cfg, train=True), cfg, {"franka_oxe_joint": 0}, drop_last=False)
+    loader = VLALoader(
+        WindowDataset([source], cfg, train=True), cfg, {"franka_oxe_joint": 0}, drop_last=False
+    )
     shapes = None
     for b in loader:  # warm-up epoch (as the peer does)
         shapes = shapes or {"images/" + k: list(v.shape) for k, v in b.images.items()} | {
-            "state": list(b.state.shape), "actions": list(b.actions.shape)}
+            "state": list(b.state.shape),
+            "actions": list(b.actions.shape),
+        }
     epoch_sps, steady_sps, first = [], [], []
     for _ in range(job["reps"]):
         n = n_after = 0
@@ -138,17 +182,29 @@ def child_ours(job: dict) -> dict:
         epoch_sps.append(n / (t2 - t0))
         steady_sps.append(n_after / (t2 - t1))
         first.append(t1 - t0)
-    return {"format": job["format"], "num_workers": job["workers"], "video_cache_mb": job.get("cache_mb"),
-            "samples_per_epoch": len(loader.dataset), "batch_shapes": shapes,
-            "samples_per_s_epoch": stats3(epoch_sps), "samples_per_s_after_first_batch": stats3(steady_sps),
-            "first_batch_s": stats3(first), "peak_rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "peak_rss_workers_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    return {
+        "format": job["format"],
+        "num_workers": job["workers"],
+        "video_cache_mb": job.get("cache_mb"),
+        "samples_per_epoch": len(loader.dataset),
+        "batch_shapes": shapes,
+        "samples_per_s_epoch": stats3(epoch_sps),
+        "samples_per_s_after_first_batch": stats3(steady_sps),
+        "first_batch_s": stats3(first),
+        "peak_rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_workers_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
 
 
 def run_child(job: dict, env_extra: dict[str, str] | None = None) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    proc = subprocess.run([sys.executable, __file__, "_child", json.dumps(job)], capture_output=True, text=True,
-                          env=env, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, __file__, "_child", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -158,12 +214,31 @@ def run_child(job: dict, env_extra: dict[str, str] | None = None) -> dict:
 def run_peer(reps: int, threads: int) -> dict:
     py = PEER_VENV / "bin" / "python"
     if not py.exists():
-        return {"skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"}
+        return {
+            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
+        }
     out = OWN_CACHE / "peer_data.json"
-    proc = subprocess.run([str(py), str(PEER_DIR / "peer_lerobot_bench.py"), "bench", "--only", "data",
-                           "--data-reps", str(reps), "--threads", str(threads), "--root", str(PEER_DATASET),
-                           "--out", str(out)], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                          timeout=3600)
+    proc = subprocess.run(
+        [
+            str(py),
+            str(PEER_DIR / "peer_lerobot_bench.py"),
+            "bench",
+            "--only",
+            "data",
+            "--data-reps",
+            str(reps),
+            "--threads",
+            str(threads),
+            "--root",
+            str(PEER_DATASET),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=3600,
+    )
     if proc.returncode != 0 or not out.exists():
         return {"error": proc.stderr[-2000:]}
     return json.loads(out.read_text())
@@ -184,20 +259,45 @@ def main() -> None:
     OWN_CACHE.mkdir(parents=True, exist_ok=True)
     lerobot_path, provenance = ensure_lerobot_dataset()
     rlds_path = ensure_rlds_dataset(lerobot_path)
-    res: dict = {"benchmark": "data_loader", "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu_count": os.cpu_count(),
-                 "setting": {"batch": BATCH, "action_chunk": CHUNK, "shuffle": True, "cameras": 2, "camera_hw": [H, W],
-                             "state_dim": STATE, "action_dim": ACTION, "episodes": N_EP, "frames_per_episode": N_FR,
-                             "reps": args.reps, "threads": args.threads},
-                 "datasets": {"lerobot_v3": {"path": str(lerobot_path), "provenance": provenance},
-                              "rlds": {"path": str(rlds_path), "provenance": "RLDS copy written by vla (JPEG q95)"}},
-                 "ours": {}}
+    res: dict = {
+        "benchmark": "data_loader",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpu_count": os.cpu_count(),
+        "setting": {
+            "batch": BATCH,
+            "action_chunk": CHUNK,
+            "shuffle": True,
+            "cameras": 2,
+            "camera_hw": [H, W],
+            "state_dim": STATE,
+            "action_dim": ACTION,
+            "episodes": N_EP,
+            "frames_per_episode": N_FR,
+            "reps": args.reps,
+            "threads": args.threads,
+        },
+        "datasets": {
+            "lerobot_v3": {"path": str(lerobot_path), "provenance": provenance},
+            "rlds": {"path": str(rlds_path), "provenance": "RLDS copy written by vla (JPEG q95)"},
+        },
+        "ours": {},
+    }
     common = {"reps": args.reps, "threads": args.threads}
     for workers in (0, 2):
         for cache_mb in ("0", "256"):
             res["ours"][f"lerobot_v3_w{workers}_cache{cache_mb}mb"] = run_child(
-                {"format": "lerobot", "path": str(lerobot_path), "workers": workers, "cache_mb": cache_mb, **common},
-                {"VLA_VIDEO_CACHE_MB": cache_mb})
-        res["ours"][f"rlds_w{workers}"] = run_child({"format": "rlds", "path": str(rlds_path), "workers": workers, **common})
+                {
+                    "format": "lerobot",
+                    "path": str(lerobot_path),
+                    "workers": workers,
+                    "cache_mb": cache_mb,
+                    **common,
+                },
+                {"VLA_VIDEO_CACHE_MB": cache_mb},
+            )
+        res["ours"][f"rlds_w{workers}"] = run_child(
+            {"format": "rlds", "path": str(rlds_path), "workers": workers, **common}
+        )
     if not args.skip_peer:
         peer = run_peer(args.reps, args.threads)
         res["peer_lerobot"] = peer

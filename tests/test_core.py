@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -145,3 +147,13 @@ def test_registry_failed_loader_rolls_back_and_raises_again() -> None:
     for _ in range(2):
         with pytest.raises(ValueError, match="bad file"):
             reg.get("ok")
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "data").glob("*.yaml"))
+)
+def test_every_data_preset_loads_and_names_a_known_mixture(name: str) -> None:
+    from vla.data.mixture import get_mixture
+
+    cfg = load_config(DataConfig, name, kind="data")
+    assert cfg.mixture is not None and get_mixture(cfg.mixture).datasets

@@ -245,3 +245,66 @@ def test_bad_sample_raise_names_location_and_skip_counts(tmp_path: Path) -> None
     batches = _all(loader)
     assert loader.num_skipped > 0
     assert sum(b.batch_size for b in batches) == 16 - loader.num_skipped
+
+
+def test_nan_action_is_an_error_naming_the_frame_or_skipped(tmp_path: Path) -> None:
+    path = make_lerobot_dataset(
+        tmp_path / "nan",
+        num_episodes=1,
+        episode_length=6,
+        state_dim=7,
+        action_dim=7,
+        cameras={"primary": (32, 40)},
+        robot_type="widowx_bridge",
+        video=False,
+    )
+    import pyarrow.parquet as pq
+
+    f = next((path / "data").rglob("*.parquet"))
+    table = pq.read_table(f)
+    actions = table.column("action").to_pylist()
+    actions[4][2] = float("nan")
+    import pyarrow as pa
+
+    table = table.set_column(
+        table.schema.get_field_index("action"), "action", pa.array(actions, table.schema.field("action").type)
+    )
+    pq.write_table(table, f)
+    with pytest.raises(
+        ValueError, match=r"non-finite action at frame 4 .*episode 0.*data.on_bad_sample=skip"
+    ):
+        _all(build_loader(_cfg([path], shuffle=False, batch_size=1, chunk_length=2)))
+    loader = build_loader(_cfg([path], shuffle=False, batch_size=1, chunk_length=2, on_bad_sample="skip"))
+    frames = [b.meta["frame"][0] for b in loader]
+    assert frames == [0, 1, 2, 5] and loader.num_skipped == 2  # frames 3 and 4 have the NaN in their chunk
+
+
+@pytest.mark.distributed
+def test_torchrun_two_ranks_get_disjoint_shares(data_root: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "verdict.json"
+    script = Path(__file__).parent / "distributed" / "loader_ranks.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            str(script),
+            str(data_root / "widowx_set"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = yaml.safe_load(out.read_text())
+    assert verdict["disjoint"] and verdict["counts"][0] == verdict["counts"][1] > 0
+    assert verdict["ranks"] == [0, 2]
+    assert verdict["covered"] >= verdict["total"] - 2 * 2  # all but the last incomplete batch per rank

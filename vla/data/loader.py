@@ -170,6 +170,15 @@ class WindowDataset(Dataset):
         steps = np.arange(pos, pos + horizon)
         is_pad = steps >= n
         actions = std.action[np.minimum(steps, n - 1)]
+        # Never let NaN/inf reach the model silently: it would poison every weight through one step.
+        if not np.isfinite(std.state[pos]).all():
+            raise ValueError(f"non-finite state at frame {int(std.frames[pos])}: {std.state[pos].tolist()}")
+        bad = ~np.isfinite(actions[~is_pad]).all(axis=-1)
+        if bad.any():
+            frame = int(std.frames[pos + int(np.flatnonzero(bad)[0])])
+            raise ValueError(
+                f"non-finite action at frame {frame} (in the chunk of frame {int(std.frames[pos])})"
+            )
         # Observation history: T_obs frames ending at `pos`, repeating the first frame before the episode start.
         hist = np.maximum(np.arange(pos - cfg.obs_history + 1, pos + 1), 0)
         raw_frames = std.frames[hist].tolist()
@@ -476,18 +485,33 @@ def _load_stats(cfg: DataConfig, sources: Sequence[Source]) -> tuple[StatsFile, 
     return StatsFile(stats=merged), len(sources) > 1
 
 
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        default_rank, default_world = dist.get_rank(), dist.get_world_size()
+    else:
+        default_rank, default_world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return (default_rank if rank is None else rank), (default_world if world_size is None else world_size)
+
+
 def build_loader(
     cfg: DataConfig,
     *,
-    rank: int = 0,
-    world_size: int = 1,
+    rank: int | None = None,
+    world_size: int | None = None,
     embodiment_ids: dict[str, int] | None = None,
     train: bool = True,
 ) -> VLALoader:
     """The loader a ``DataConfig`` describes: datasets or a resolved mixture, normalized with their stats.
 
-    ``embodiment_ids`` is the model's embodiment table (name -> index); by default the sorted embodiments found.
+    ``rank``/``world_size`` default to the initialized ``torch.distributed`` group (else ``RANK``/``WORLD_SIZE``
+    from torchrun's environment, else 0/1). ``embodiment_ids`` is the model's embodiment table (name -> index);
+    by default the sorted embodiments found.
     """
+    rank, world_size = _rank_world(rank, world_size)
     from vla.data.normalize import make_normalize_fn
     from vla.embodiments import get_embodiment
 
