@@ -1,0 +1,201 @@
+"""Frame index -> training window: observation history + action chunk (+ pad mask) of one sample.
+
+Per sample (DESIGN §2): reader -> ``standardize_episode`` (cached per process) -> normalize (per-embodiment
+stats) -> images decoded for the T_obs history frames only -> resize (+ training augmentation, seeded per sample
+so it does not depend on worker count or order) -> a dict that ``vla.data.collate`` turns into a ``Batch``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from vla.config import DataConfig
+from vla.data.readers import DatasetReader
+from vla.data.standardize import StandardizeOptions, StdEpisode, keymap_for, standardize_episode
+from vla.data.transforms import augment_images, resize_images
+
+log = logging.getLogger(__name__)
+
+#: ``normalize(embodiment, dataset, which, array) -> array``; ``which`` is "state" or "action".
+NormalizeFn = Callable[[str, str, str, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset the loader reads: the reader, its key map and its kept-frame counts per episode."""
+
+    reader: DatasetReader
+    split: str
+    keymap: Any
+    lengths: np.ndarray  # int64 [num_episodes]: frames kept by standardization
+    name: str
+    options: StandardizeOptions | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.lengths.sum())
+
+
+def standardize_options(cfg: DataConfig) -> StandardizeOptions:
+    """The ``StandardizeOptions`` a ``DataConfig`` asks for (seeded by ``data.seed``)."""
+    st = cfg.standardize
+    return StandardizeOptions(
+        drop_first=st.drop_first,
+        drop_last=st.drop_last,
+        language_choice=st.language_choice,
+        seed=cfg.seed,
+        idle_filter=st.idle_filter,
+        success_only=st.success_only,
+    )
+
+
+def build_source(
+    reader: DatasetReader, split: str, keymap: Any | None = None, options: StandardizeOptions | None = None
+) -> Source:
+    """Standardize every episode once to learn how many frames each keeps (drop rules, idle filters)."""
+    km = keymap or keymap_for(reader)
+    if km is None:
+        raise ValueError(
+            f"{reader.path}: dataset {reader.name!r} has no registered key map, so its frames cannot be mapped to "
+            "the canonical frame. Add one entry under vla/data/keymaps/ (or give the LeRobot dataset a registered "
+            "robot_type whose spec matches its features)."
+        )
+    if split not in reader.splits():
+        raise ValueError(f"{reader.path}: no split {split!r}; available: {reader.splits()}")
+    lengths = np.array(
+        [
+            len(standardize_episode(reader, split, e, km, options=options).frames)
+            for e in range(reader.num_episodes(split))
+        ],
+        dtype=np.int64,
+    )
+    return Source(reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options)
+
+
+class WindowDataset(Dataset):
+    """Map-style dataset over every kept frame of several sources; item ``i`` is one training sample.
+
+    A sample is a dict of numpy/torch values for ``collate``: ``images[slot]`` uint8 ``[T_obs, h, w, 3]``,
+    ``state`` float32 ``[S]``, ``actions`` float32 ``[H, A]``, ``action_is_pad`` bool ``[H]``, ``prompt``,
+    ``embodiment``, and bookkeeping (dataset, episode, frame).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        cfg: DataConfig,
+        *,
+        normalize: NormalizeFn | None = None,
+        train: bool = True,
+        chunk_lengths: dict[str, int] | None = None,
+        cache_episodes: int = 64,
+    ) -> None:
+        self.sources = list(sources)
+        self.cfg = cfg
+        self.normalize = normalize
+        self.train = train
+        self.chunk_lengths = chunk_lengths or {}  # embodiment -> default H when data.chunk_length is 0
+        self.cache_episodes = cache_episodes
+        # Flat index: sample i -> (source, episode, position within the episode's kept frames).
+        self._src_offsets = np.cumsum([0] + [s.num_samples for s in self.sources])
+        self._ep_offsets = [np.concatenate([[0], np.cumsum(s.lengths)]) for s in self.sources]
+        self._cache: OrderedDict[tuple[int, int], StdEpisode] = OrderedDict()
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return int(self._src_offsets[-1])
+
+    def locate(self, index: int) -> tuple[int, int, int]:
+        """``(source index, episode, position)`` of flat sample ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample index {index} out of range [0, {len(self)})")
+        si = int(np.searchsorted(self._src_offsets, index, side="right") - 1)
+        local = index - int(self._src_offsets[si])
+        ep = int(np.searchsorted(self._ep_offsets[si], local, side="right") - 1)
+        return si, ep, local - int(self._ep_offsets[si][ep])
+
+    def episode(self, si: int, ep: int) -> StdEpisode:
+        key = (si, ep)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        src = self.sources[si]
+        std = standardize_episode(src.reader, src.split, ep, src.keymap, options=src.options)
+        if self.normalize is not None:
+            std.state = self.normalize(std.embodiment, std.dataset, "state", std.state)
+            std.action = self.normalize(std.embodiment, std.dataset, "action", std.action)
+        self._cache[key] = std
+        if len(self._cache) > self.cache_episodes:
+            self._cache.popitem(last=False)
+        return std
+
+    def __getitem__(self, index: int) -> dict[str, Any] | None:
+        si, ep, pos = self.locate(index)
+        try:
+            return self._sample(si, ep, pos, index)
+        except Exception as e:
+            src = self.sources[si]
+            where = f"{src.reader.path} ({src.name}) split {src.split!r} episode {ep} position {pos}"
+            if self.cfg.on_bad_sample == "skip":
+                log.warning("skipping bad sample %d: %s: %s", index, where, e)
+                return {"__skipped__": f"{where}: {e}"}
+            raise type(e)(
+                f"{e} [while loading sample {index}: {where}; set data.on_bad_sample=skip to skip bad samples]"
+            ) from e
+
+    def _sample(self, si: int, ep: int, pos: int, index: int) -> dict[str, Any]:
+        src, cfg = self.sources[si], self.cfg
+        std = self.episode(si, ep)
+        n = len(std.frames)
+        horizon = cfg.chunk_length or self.chunk_lengths.get(std.embodiment, 1)
+        # Action chunk [H, A]: steps past the episode end repeat the last action and are flagged as padding.
+        steps = np.arange(pos, pos + horizon)
+        is_pad = steps >= n
+        actions = std.action[np.minimum(steps, n - 1)]
+        # Never let NaN/inf reach the model silently: it would poison every weight through one step.
+        if not np.isfinite(std.state[pos]).all():
+            raise ValueError(f"non-finite state at frame {int(std.frames[pos])}: {std.state[pos].tolist()}")
+        bad = ~np.isfinite(actions[~is_pad]).all(axis=-1)
+        if bad.any():
+            frame = int(std.frames[pos + int(np.flatnonzero(bad)[0])])
+            raise ValueError(
+                f"non-finite action at frame {frame} (in the chunk of frame {int(std.frames[pos])})"
+            )
+        # Observation history: T_obs frames ending at `pos`, repeating the first frame before the episode start.
+        hist = np.maximum(np.arange(pos - cfg.obs_history + 1, pos + 1), 0)
+        raw_frames = std.frames[hist].tolist()
+        keys = list(std.cameras.values())
+        decoded = src.reader.read_images(src.split, ep, raw_frames, keys) if keys else {}
+        gen = None
+        if self.train and cfg.augment.enabled:
+            seed = int(np.random.SeedSequence([cfg.seed, self.epoch, index]).generate_state(1)[0])
+            gen = torch.Generator().manual_seed(seed)
+        images = {}
+        for slot, key in std.cameras.items():
+            img = decoded[key]
+            if cfg.image_size:
+                img = resize_images(img, cfg.image_size)
+            img = torch.as_tensor(img)
+            if gen is not None:
+                img = augment_images(img, cfg.augment, gen)
+            images[slot] = img
+        return {
+            "images": images,
+            "state": np.ascontiguousarray(std.state[pos], dtype=np.float32),
+            "actions": np.ascontiguousarray(actions, dtype=np.float32),
+            "action_is_pad": is_pad,
+            "prompt": std.prompt[pos],
+            "embodiment": std.embodiment,
+            "dataset": std.dataset,
+            "episode": ep,
+            "frame": int(std.frames[pos]),
+        }
