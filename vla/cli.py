@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `vla data show ... | head`: the reader went away, nothing to report
         sys.stderr.close()
         return 0
-    except (ValueError, KeyError, IndexError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
+    except (ValueError, KeyError, IndexError, OSError, RuntimeError, NotImplementedError) as e:
         if os.environ.get("VLA_DEBUG"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

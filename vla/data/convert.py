@@ -31,9 +31,11 @@ def _fps(reader: DatasetReader, keymap: Any | None) -> int:
 
 
 def _jsonable_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """The source's episode metadata, minus the columns the LeRobot writer owns (a LeRobot source's ``tasks``...)."""
     from vla.data.inspect import to_jsonable
+    from vla.data.writers.lerobot import _RESERVED
 
-    return {k: to_jsonable(v) for k, v in meta.items()}
+    return {k: to_jsonable(v) for k, v in meta.items() if k not in _RESERVED}
 
 
 def convert_dataset(
@@ -53,11 +55,16 @@ def convert_dataset(
     if to != "lerobot":
         raise ValueError(f"--to {to!r}: only 'lerobot' (LeRobot v3.0) is supported")
     from vla.data.standardize import keymap_for, standardize_episode
-    from vla.data.writers.lerobot import LeRobotWriter
+    from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
 
     dst = Path(dst)
-    if (dst / "meta" / "info.json").exists():
-        raise FileExistsError(f"{dst} already holds a dataset; choose a new destination or delete it first")
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        what = (
+            "holds a dataset"
+            if (dst / "meta" / "info.json").exists()
+            else "exists and is not an empty folder"
+        )
+        raise FileExistsError(f"{dst} {what}; choose a new destination or delete it first")
     reader = open_dataset(src)
     keymap = keymap_for(reader)
     splits = [split] if split else reader.splits()
@@ -82,6 +89,8 @@ def convert_dataset(
         features = {}
         for key, f in feats.items():
             name = key.replace("/", ".")
+            if name in DEFAULT_FEATURES:  # timestamp, frame_index, ...: the writer makes its own
+                continue
             if f.kind in ("image", "video"):
                 features[name] = {"dtype": "video" if video else "image", "shape": list(f.shape)}
             elif f.kind == "tensor" and f.dtype not in ("object", "str"):
@@ -128,7 +137,11 @@ def convert_dataset(
                         value = imgs[key] if key in imgs else raw.steps[key]
                         frames[name] = np.asarray(value).reshape(raw.length, *features[name]["shape"])
                     text = next(
-                        (raw.steps[k] for k, f in feats.items() if f.kind == "string" and "instruction" in k),
+                        (
+                            raw.steps[k]
+                            for k, f in feats.items()
+                            if f.kind == "string" and ("instruction" in k or k == "task")
+                        ),
                         None,
                     )
                     tasks = [str(t) for t in text] if text is not None else "unknown task"

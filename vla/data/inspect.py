@@ -28,7 +28,7 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             return [to_jsonable(v) for v in value.tolist()]
-        if value.dtype.kind == "S":
+        if value.dtype.kind in "Sf":  # bytes -> str; floats one by one so NaN/inf become strings
             return to_jsonable(value.tolist())
         return value.tolist()
     if isinstance(value, np.generic):

@@ -145,12 +145,16 @@ class WindowDataset(Dataset):
         except Exception as e:
             src = self.sources[si]
             where = f"{src.reader.path} ({src.name}) split {src.split!r} episode {ep} position {pos}"
-            if self.cfg.on_bad_sample == "skip":
-                log.warning("skipping bad sample %d: %s: %s", index, where, e)
-                return {"__skipped__": f"{where}: {e}"}
-            raise type(e)(
-                f"{e} [while loading sample {index}: {where}; set data.on_bad_sample=skip to skip bad samples]"
-            ) from e
+            if self.cfg.on_bad_sample == "skip":  # the loader counts and logs it in the main process
+                return {"__skipped__": f"sample {index}: {where}: {e}"}
+            msg = f"{e} [while loading sample {index}: {where}; set data.on_bad_sample=skip to skip bad samples]"
+            try:
+                wrapped = type(e)(
+                    msg
+                )  # keep the type callers may catch (ValueError, DatasetFormatError, ...)
+            except Exception:
+                wrapped = RuntimeError(msg)
+            raise wrapped from e
 
     def _sample(self, si: int, ep: int, pos: int, index: int) -> dict[str, Any]:
         src, cfg = self.sources[si], self.cfg

@@ -270,8 +270,8 @@ class LeRobotReader(DatasetReader):
         return _DataFile(columns, images, self._episode_rows(path, columns))
 
     def _episode_rows(self, path: Path, columns: dict[str, np.ndarray]) -> dict[int, tuple[int, int]]:
-        """Row range of every episode of this file, checked against the metadata (length, frame_index)."""
-        ep_col, frame_col = columns["episode_index"], columns["frame_index"]
+        """Row range of every episode of this file, checked against the metadata (row counts)."""
+        ep_col = columns["episode_index"]
         cuts = np.flatnonzero(np.diff(ep_col)) + 1
         starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(ep_col)]])
         rows: dict[int, tuple[int, int]] = {}
@@ -287,8 +287,6 @@ class LeRobotReader(DatasetReader):
                     f"{path}: episode {ep.index} has {stop - start} rows but the episode metadata says {ep.length}; "
                     "the data file is truncated or stale, re-create or re-download it"
                 )
-            if not np.array_equal(frame_col[start:stop], np.arange(ep.length)):
-                raise DatasetFormatError(
-                    f"{path}: episode {ep.index} frame_index is not 0..{ep.length - 1}; rewrite the file"
-                )
+            # A frame_index gap is reported by `vla data validate` (missing_frames); rows are still addressed by
+            # position, so it must not make every other episode of this file unreadable.
         return rows
