@@ -7,6 +7,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 PYTEST_ARGS ?=
+# `make test SLOW=1` also runs the tests marked slow (gpu-marked tests never run here: no CUDA on CI).
+MARKERS := $(if $(SLOW),not gpu,not slow and not gpu)
 
 .PHONY: install demo test lint format bench clean
 
@@ -21,10 +23,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vla demo
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test: lint
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m "$(MARKERS)" $(PYTEST_ARGS)
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

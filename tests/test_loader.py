@@ -3,6 +3,7 @@ mixtures, normalization, augmentation determinism and bad-sample handling."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from vla.data.normalize import Normalizer, StatsFile
 from vla.data.readers import open_dataset
 from vla.data.standardize import standardize_episode
 from vla.data.stats import write_stats
+from vla.data.windows import WindowDataset, build_source
 from vla.data.writers.synthetic import decode_frame_code, make_lerobot_dataset
 from vla.embodiments import get_embodiment
 from vla.types import Batch
@@ -118,6 +120,29 @@ def test_windows_history_chunk_and_padding(data_root: Path) -> None:
         assert batch.prompt[0] == reader.read_frame("train", ep, int(frame))["task"]
         count += 1
     assert count == sum(LENGTHS)
+
+
+def test_windows_never_splice_across_a_gap_in_the_kept_frames(data_root: Path) -> None:
+    """A filter that drops frames mid-episode (DROID's idle filter) leaves a gap: the chunk pads at the gap and
+    the history restarts after it, instead of joining actions/images from both sides."""
+    path = data_root / "widowx_set"
+    cfg = _cfg([path], obs_history=3, chunk_length=5, batch_size=1, shuffle=False)
+    reader = open_dataset(path)
+    src = build_source(reader, "train")
+    keep = np.array([0, 1, 2, 3, 7, 8, 9, 10, 11])  # raw frames 4..6 of episode 0 dropped
+    gapped = standardize_episode(reader, "train", 0)
+    gapped.frames, gapped.state, gapped.action = keep, gapped.state[keep], gapped.action[keep]
+    gapped.prompt = [gapped.prompt[i] for i in keep]
+    lengths = src.lengths.copy()
+    lengths[0] = len(keep)
+    ds = WindowDataset([dataclasses.replace(src, lengths=lengths)], cfg)
+    ds._cache[(0, 0)] = gapped
+    before = ds[2]  # raw frame 2: chunk 2, 3 | gap
+    assert before["action_is_pad"].tolist() == [False, False, True, True, True]
+    np.testing.assert_array_equal(before["actions"], gapped.action[[2, 3, 3, 3, 3]])
+    after = ds[5]  # raw frame 8: history 7, 8 (7 repeated, not 3); chunk 8..11 then the episode end
+    assert [decode_frame_code(img)[1] for img in after["images"]["primary"].numpy()] == [7, 7, 8]
+    assert after["action_is_pad"].tolist() == [False, False, False, False, True]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -500,8 +500,8 @@ def test_generic_lerobot_map_needs_matching_widths_and_a_known_robot() -> None:
 
 
 def test_generic_map_on_a_real_lerobot_dataset(tmp_path) -> None:
-    synthetic = pytest.importorskip("vla.data.writers.synthetic")
     from vla.data.readers import open_dataset
+    from vla.data.writers import synthetic
 
     cams = {"cam_high": (32, 40), "cam_left_wrist": (32, 40)}
     root = synthetic.make_lerobot_dataset(
@@ -527,8 +527,9 @@ def test_generic_map_on_a_real_lerobot_dataset(tmp_path) -> None:
 
 @pytest.fixture
 def bridge_reader(bridge_fixture):
-    rlds = pytest.importorskip("vla.data.readers.rlds")
-    reader = rlds.RLDSReader(bridge_fixture)
+    from vla.data.readers.rlds import RLDSReader
+
+    reader = RLDSReader(bridge_fixture)
     yield reader
     reader.close()
 

@@ -102,6 +102,69 @@ def cmd_data_preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_init(args: argparse.Namespace) -> int:
+    from vla.models.hub import init_checkpoint
+
+    stats = None
+    if args.stats_from:
+        from vla.data.normalize import StatsFile
+        from vla.data.stats import find_stats
+
+        found = find_stats(args.stats_from)
+        if found is None:
+            raise FileNotFoundError(
+                f"no normalization stats for {args.stats_from}; run 'vla data stats {args.stats_from}' first"
+            )
+        stats = StatsFile.load(found)
+    out = init_checkpoint(
+        args.config,
+        args.out,
+        embodiments=args.embodiment or None,
+        stats=stats,
+        overrides=args.overrides,
+        seed=args.seed,
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_model_info(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if (Path(args.target) / "config.json").is_file() and (Path(args.target) / "model.safetensors").is_file():
+        from vla.models.hub import from_pretrained
+
+        model = from_pretrained(args.target)
+    else:
+        from vla.embodiments import get_embodiment
+        from vla.models.config import load_model_config
+        from vla.models.policies import POLICIES
+
+        cfg = load_model_config(args.target, args.overrides)
+        names = args.embodiment or list(cfg.embodiments) or ["widowx_bridge"]
+        model = POLICIES.get(cfg.policy)(cfg, [get_embodiment(n) for n in names])
+    counts = model.parameter_counts()
+    if args.json:
+        _print_json(
+            {
+                "policy": model.cfg.policy,
+                "backbone": model.cfg.backbone.pretrained,
+                "embodiments": list(model.embodiment_ids),
+                "parameters": counts,
+            }
+        )
+        return 0
+    print(
+        f"{model.cfg.policy}: backbone {model.cfg.backbone.family} {model.cfg.backbone.pretrained} "
+        f"({model.backbone.num_layers} language layers), expert {model.expert.width} x {len(model.expert.layers)}"
+    )
+    print(f"embodiments: {', '.join(model.embodiment_ids)}")
+    print(f"{'component':<20}{'total':>16}{'trainable':>16}")
+    for name, c in counts.items():
+        print(f"{name:<20}{c['total']:>16,}{c['trainable']:>16,}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from vla.demo import run_demo
 
@@ -158,6 +221,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="FILE.mp4 or FILE.gif")
     s.add_argument("--fps", type=float, default=None)
     s.set_defaults(fn=cmd_data_preview)
+
+    model = sub.add_parser("model", help="create and inspect model checkpoints").add_subparsers(
+        dest="model_command", required=True
+    )
+    s = model.add_parser("init", help="write an untrained checkpoint (integration tests, robot bring-up)")
+    s.add_argument("config", help="preset name under configs/model/ or a YAML file")
+    s.add_argument("--out", required=True)
+    s.add_argument(
+        "--embodiment", action="append", help="embodiment name (repeatable; default: the config's)"
+    )
+    s.add_argument(
+        "--stats-from", default=None, help="dataset whose `vla data stats` file goes into the checkpoint"
+    )
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. flow.num_steps=5")
+    s.set_defaults(fn=cmd_model_init)
+
+    s = model.add_parser("info", help="parameter counts per component of a config or checkpoint")
+    s.add_argument("target", help="preset name, YAML file or checkpoint folder")
+    s.add_argument("--embodiment", action="append")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=cmd_model_info)
 
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
     s.add_argument("--workdir", default="outputs/demo")

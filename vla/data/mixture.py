@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from vla.data.mixture_sampler import MixtureError, MixtureSampler, mixture_weights
+from vla.data.readers import rlds_version_dir
 from vla.paths import mixture_dir
 from vla.registry import Registry
 
@@ -191,10 +192,6 @@ class ResolvedMixture:
         return MixtureSampler(self.names, self.weights(sizes, balance_by_size), sizes, **kw)
 
 
-def _version_key(p: Path) -> tuple:
-    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in p.name.split("."))
-
-
 def _find(entry: MixtureEntry, roots: Sequence[Path]) -> tuple[tuple[Path, str] | None, list[str]]:
     """(dataset path, format) of ``entry`` under ``roots``, and every path looked at."""
     looked: list[str] = []
@@ -207,10 +204,8 @@ def _find(entry: MixtureEntry, roots: Sequence[Path]) -> tuple[tuple[Path, str] 
             candidates = [base / entry.version]
             looked.append(str(base / entry.version / "dataset_info.json"))
         else:
-            versions = sorted(
-                (d for d in base.glob("*") if (d / "dataset_info.json").is_file()), key=_version_key
-            )
-            candidates = versions[::-1][:1]
+            newest = rlds_version_dir(base)
+            candidates = [newest] if newest is not None else []
             looked.append(str(base / "<newest version>" / "dataset_info.json"))
         candidates.append(base)
         looked += [str(base / "dataset_info.json"), str(base / "meta" / "info.json")]

@@ -1,8 +1,7 @@
-"""Normalization statistics and the strict, invertible ``Normalizer``/``Unnormalizer`` pair (DESIGN §4).
+"""Strict validation of normalization stats and the invertible ``Normalizer``/``Unnormalizer`` pair (DESIGN §4).
 
-``NormStats`` summarizes one field vector (an embodiment's whole ``state`` or ``action``, ``D`` dims);
-``StatsFile`` is the versioned JSON container, keyed by embodiment (``"widowx_bridge"``) and, for datasets whose
-conventions differ, by embodiment and dataset (``"widowx_bridge@bridge_dataset"``). Stats are computed in one
+The stats themselves (``NormStats`` per field vector, the versioned ``StatsFile`` keyed by embodiment and
+``"<embodiment>@<dataset>"``) live in ``vla.data.norm_stats`` and are re-exported here. Stats are computed in one
 streaming pass by ``vla.data.stats``; they travel inside every checkpoint so the Policy inverts exactly what the
 loader applied.
 
@@ -13,6 +12,7 @@ Per-dim modes (``EmbodimentSpec.norm_modes``), for ``x`` float ``[..., D]``:
 * ``min_max``   ``y = 2 (x - min) / (max - min) - 1``
 * ``binary``    ``y = +1 if x > 0.5 else -1`` (raw grippers are standardized to 1 = open, 0 = closed);
   inverse ``x = 1 if y > 0 else 0``. Mapped to ±1 (not kept in {0, 1}) so it is centred like every other dim.
+  NaN/inf stay non-finite in every mode (so the loader's finiteness check catches them).
 * ``identity``  ``y = x`` (also every dim whose ``normalize_mask`` entry is False).
 
 Decisions (see shared/reference/oxe_datasets.md §5):
@@ -30,185 +30,45 @@ Decisions (see shared/reference/oxe_datasets.md §5):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
 import numpy as np
 import torch
 
-import vla
+from vla.data.norm_stats import (
+    FIELDS,
+    STATS_COMMAND,
+    STATS_FORMAT_VERSION,
+    NormStats,
+    StatsError,
+    StatsFile,
+)
 from vla.embodiments.spec import NORM_MODES, EmbodimentSpec
 
-STATS_FORMAT_VERSION = 1
-FIELDS = ("state", "action")
-STATS_COMMAND = "vla data stats <dataset>"
 #: A mode's scale below ``DEGENERATE_TOL * max(1, |centre|)`` counts as ~0.
 DEGENERATE_TOL = 1e-6
-_STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
 
 ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
 _T = TypeVar("_T", bound="_FieldTransform")
 
-
-class StatsError(ValueError):
-    """Stats are missing, malformed, degenerate or from a newer vla; the message names the field and the fix."""
-
-
-@dataclass
-class NormStats:
-    """Per-dim statistics of one field vector: each array is float64 ``[D]``; ``count`` frames were seen.
-
-    ``num_nonfinite[d]`` counts NaN/inf values of dim ``d`` (excluded from the other statistics).
-    ``std`` is the population standard deviation (ddof = 0).
-    """
-
-    mean: np.ndarray
-    std: np.ndarray
-    min: np.ndarray
-    max: np.ndarray
-    q01: np.ndarray
-    q99: np.ndarray
-    count: int
-    num_nonfinite: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        for k in _STAT_KEYS:
-            setattr(self, k, np.asarray(getattr(self, k), dtype=np.float64).reshape(-1))
-        dims = {k: getattr(self, k).shape[0] for k in _STAT_KEYS}
-        if len(set(dims.values())) != 1:
-            raise StatsError(f"NormStats arrays must all have the same length, got {dims}")
-        if self.num_nonfinite is None:
-            self.num_nonfinite = np.zeros(self.dim, dtype=np.int64)
-        self.num_nonfinite = np.asarray(self.num_nonfinite, dtype=np.int64).reshape(-1)
-        self.count = int(self.count)
-
-    @property
-    def dim(self) -> int:
-        return int(self.mean.shape[0])
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {k: [float(v) for v in getattr(self, k)] for k in _STAT_KEYS}
-        d["count"] = self.count
-        d["num_nonfinite"] = [int(v) for v in self.num_nonfinite]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "stats") -> NormStats:
-        d = dict(d)
-        for ours, theirs in (("q01", "p01"), ("q99", "p99")):  # Octo names its percentiles p01/p99
-            if ours not in d and theirs in d:
-                d[ours] = d[theirs]
-        missing = [k for k in (*_STAT_KEYS, "count") if k not in d]
-        if missing:
-            raise StatsError(
-                f"{where}: missing key(s) {missing}; expected {[*_STAT_KEYS, 'count']}. Recompute with '{STATS_COMMAND}'."
-            )
-        nan = lambda v: [math.nan if x is None else x for x in v]  # noqa: E731 - JSON null = NaN
-        return cls(
-            **{k: nan(d[k]) for k in _STAT_KEYS}, count=d["count"], num_nonfinite=d.get("num_nonfinite")
-        )
-
-
-@dataclass
-class StatsFile:
-    """Versioned container of ``NormStats``: ``stats[key][field]`` with key ``"<embodiment>"`` or
-    ``"<embodiment>@<dataset>"`` and field ``"state"``/``"action"``; ``sources`` lists the datasets (name, path,
-    episode and frame counts) the stats were computed from."""
-
-    stats: dict[str, dict[str, NormStats]] = field(default_factory=dict)
-    sources: list[dict[str, Any]] = field(default_factory=list)
-    created_by: str = f"vla {vla.__version__}"
-    created_at: str = ""
-    format_version: int = STATS_FORMAT_VERSION
-    path: Path | None = None  # where it was loaded from / saved to (for error messages)
-
-    @staticmethod
-    def key(embodiment: str, dataset: str | None = None) -> str:
-        return f"{embodiment}@{dataset}" if dataset else embodiment
-
-    def resolve_key(self, embodiment: str, field: str, dataset: str | None = None) -> str:
-        """The key ``get`` reads: ``"<embodiment>@<dataset>"`` when present, else ``"<embodiment>"``."""
-        dk = self.key(embodiment, dataset)
-        return dk if dataset and field in self.stats.get(dk, {}) else embodiment
-
-    def get(self, embodiment: str, field: str, dataset: str | None = None) -> NormStats:
-        """Stats of ``embodiment``'s ``field``, preferring the dataset-specific key when ``dataset`` is given."""
-        keys = [self.key(embodiment, dataset), embodiment] if dataset else [embodiment]
-        for k in keys:
-            if field in self.stats.get(k, {}):
-                return self.stats[k][field]
-        where = f" in {self.path}" if self.path else ""
-        raise StatsError(
-            f"No normalization stats for '{keys[0]}/{field}'{where} (have: {', '.join(sorted(self.stats)) or 'none'}). "
-            f"Run '{STATS_COMMAND}' on the dataset(s) of embodiment {embodiment!r}."
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "created_by": self.created_by,
-            "created_at": self.created_at or datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": self.sources,
-            "stats": {k: {f: s.to_dict() for f, s in v.items()} for k, v in sorted(self.stats.items())},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "stats") -> StatsFile:
-        version = d.get("format_version")
-        if not isinstance(version, int):
-            raise StatsError(
-                f"{where}: not a vla stats file (no integer 'format_version'). Recompute with '{STATS_COMMAND}'."
-            )
-        if version > STATS_FORMAT_VERSION:
-            raise StatsError(
-                f"{where}: format_version {version} is newer than this vla ({STATS_FORMAT_VERSION}); upgrade vla."
-            )
-        while version < STATS_FORMAT_VERSION:  # old files stay loadable: upgrade one version at a time
-            d, version = _UPGRADES[version](d), version + 1
-        stats = {
-            k: {f: NormStats.from_dict(s, f"{where}: '{k}/{f}'") for f, s in v.items()}
-            for k, v in d.get("stats", {}).items()
-        }
-        return cls(
-            stats=stats,
-            sources=list(d.get("sources", [])),
-            created_by=str(d.get("created_by", "")),
-            created_at=str(d.get("created_at", "")),
-            format_version=STATS_FORMAT_VERSION,
-        )
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(path)  # atomic: a reader never sees half a file
-        self.path = path
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> StatsFile:
-        path = Path(path)
-        if not path.is_file():
-            raise StatsError(
-                f"{path}: no such stats file. Run '{STATS_COMMAND}' (or pass --out to choose where)."
-            )
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise StatsError(f"{path}: not valid JSON ({e}). Recompute with '{STATS_COMMAND}'.") from e
-        sf = cls.from_dict(d, where=str(path))
-        sf.path = path
-        return sf
-
-
-#: ``_UPGRADES[v]`` turns a format-``v`` dict into a format-``v+1`` dict (none yet: version 1 is the first).
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+__all__ = [
+    "DEGENERATE_TOL",
+    "FIELDS",
+    "STATS_COMMAND",
+    "STATS_FORMAT_VERSION",
+    "NormStats",
+    "Normalizer",
+    "Problem",
+    "StatsError",
+    "StatsFile",
+    "Unnormalizer",
+    "field_problems",
+    "make_normalize_fn",
+    "validate_stats",
+]
 
 
 # ---- validation ----------------------------------------------------------------------------------------------
@@ -309,6 +169,12 @@ def _affine(mode: str, s: NormStats, i: int) -> tuple[float, float]:
     if mode == "min_max":
         return float(s.min[i] + s.max[i]) / 2, float(s.max[i] - s.min[i]) / 2
     return 0.0, 1.0  # identity (binary is handled separately)
+
+
+def _keep_nonfinite(value, x, where):  # numpy or torch
+    """``value`` where ``x`` is finite, NaN elsewhere: a thresholded binary dim must not turn a NaN into -1 (or 0)
+    silently, which would hide it from the loader's finiteness check."""
+    return where(abs(x) < math.inf, value, math.nan)
 
 
 class _FieldTransform:
@@ -420,7 +286,7 @@ class Normalizer(_FieldTransform):
         y = (x - c) / h
         if self.clip is not None:
             y = where(k, clamp(y, -self.clip, self.clip), y)
-        return where(b, where(x > 0.5, 1.0, -1.0), y)
+        return where(b, _keep_nonfinite(where(x > 0.5, 1.0, -1.0), x, where), y)
 
     def inverse(self) -> Unnormalizer:
         return self._twin(Unnormalizer)
@@ -430,7 +296,7 @@ class Unnormalizer(_FieldTransform):
     """Model units -> raw units for one field: the exact inverse of ``Normalizer`` (binary: ``y > 0`` -> 1)."""
 
     def _apply(self, x, c, h, b, k, where, clamp):
-        return where(b, where(x > 0, 1.0, 0.0), x * h + c)
+        return where(b, _keep_nonfinite(where(x > 0, 1.0, 0.0), x, where), x * h + c)
 
     def inverse(self) -> Normalizer:
         return self._twin(Normalizer)

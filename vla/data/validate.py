@@ -137,11 +137,13 @@ def validate_dataset(path: str | Path, *, max_episodes: int | None = None) -> li
         splits = reader.splits()
     except Exception as e:
         return [Problem("unreadable", str(path), str(e), "check the path and that the dataset is complete")]
+    from vla.data.running_stats import RunningStats
     from vla.data.standardize import keymap_for, standardize_episode
 
     keymap = keymap_for(reader)
     problems: list[Problem] = []
-    per_embodiment: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    # standardized state/action stats per embodiment, accumulated as we go (no frames kept in memory)
+    per_embodiment: dict[str, dict[str, RunningStats]] = {}
     for split in splits:
         n = reader.num_episodes(split)
         for ep in range(n if max_episodes is None else min(n, max_episodes)):
@@ -161,33 +163,27 @@ def validate_dataset(path: str | Path, *, max_episodes: int | None = None) -> li
                         Problem("standardize", where, str(e), f"fix the key map entry {keymap.dataset!r}")
                     )
                     continue
-                acc = per_embodiment.setdefault(std.embodiment, ([], []))
-                acc[0].append(std.state)
-                acc[1].append(std.action)
+                acc = per_embodiment.setdefault(
+                    std.embodiment, {f: RunningStats(getattr(std, f).shape[1]) for f in ("state", "action")}
+                )
+                for f, stats in acc.items():
+                    if len(getattr(std, f)):
+                        stats.update(getattr(std, f))
     problems.extend(_stats_problems(reader, per_embodiment))
     return problems
 
 
-def _stats_problems(
-    reader: DatasetReader, per_embodiment: dict[str, tuple[list[np.ndarray], list[np.ndarray]]]
-) -> list[Problem]:
-    """Degenerate or non-finite normalization statistics of the standardized state/action, per embodiment."""
+def _stats_problems(reader: DatasetReader, per_embodiment: dict[str, dict[str, Any]]) -> list[Problem]:
+    """Degenerate or non-finite normalization statistics of the standardized state/action, per embodiment
+    (``per_embodiment[embodiment][field]`` is a ``RunningStats``)."""
     from vla.data.normalize import StatsFile, validate_stats
-    from vla.data.stats import RunningStats
     from vla.embodiments import get_embodiment
 
     out: list[Problem] = []
-    for emb, (states, actions) in per_embodiment.items():
+    for emb, fields in per_embodiment.items():
         spec = get_embodiment(emb)
-        entry = {}
-        for which, arrays in (("state", states), ("action", actions)):
-            arrays = [a for a in arrays if len(a)]
-            if not arrays or arrays[0].shape[-1] == 0:
-                continue
-            rs = RunningStats(arrays[0].shape[-1])
-            for a in arrays:
-                rs.update(a)
-            entry[which] = rs.finalize()
+        finalized = {f: rs.finalize() for f, rs in fields.items() if rs.dim}
+        entry = {f: st for f, st in finalized.items() if st.count}  # fields without frames: nothing to check
         for prob in validate_stats(StatsFile(stats={emb: entry}), spec):
             out.append(Problem("degenerate_stats", f"{reader.path} embodiment {emb!r}", str(prob)))
     return out

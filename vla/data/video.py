@@ -1,4 +1,4 @@
-"""MP4 video decode/encode for datasets (PyAV): exact random access to frames, LeRobot-style encoding.
+"""MP4 video decoding for datasets (PyAV): exact random access to frames; encoding re-exported from ``video_encode``.
 
 Decoding keeps one open container per file *per process* (re-opened after a DataLoader fork), indexes every
 packet once (pts, keyframe, file offset), and serves frames by feeding packets from the nearest preceding
@@ -6,8 +6,8 @@ keyframe straight to the decoder; a decoder that is already positioned inside th
 forward, so frames of one episode requested in ascending order cost one forward pass. Decoded frames go to a
 per-process LRU (``VLA_VIDEO_CACHE_MB``, default 256) and are converted to RGB only when asked for.
 
-Encoding writes uint8 ``[T, H, W, 3]`` stacks as yuv420p AV1 (SVT-AV1, LeRobot's default) or H.264 (x264)
-with LeRobot's settings (GOP 2, CRF 30) so that random access stays cheap.
+Encoding (``VideoEncoder``, ``encode_video``, ``concat_videos``; AV1 or H.264 with LeRobot's settings) lives in
+``vla.data.video_encode`` and is re-exported here, so ``from vla.data import video`` covers both directions.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import bisect
 import mmap
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from fractions import Fraction
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,135 +25,33 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from vla.data.readers.base import DatasetFormatError
+from vla.data.video_encode import (
+    DEFAULT_CRF,
+    DEFAULT_GOP,
+    ENCODERS,
+    VideoEncoder,
+    available_encoder,
+    concat_videos,
+    encode_video,
+    encoder_options,
+)
 
-# SVT-AV1 prints a banner per encoder to stderr unless told otherwise (read by the library at encoder init).
-os.environ.setdefault("SVT_LOG", "1")
-
-ENCODERS: dict[str, tuple[str, ...]] = {
-    "av1": ("libsvtav1", "libaom-av1", "librav1e"),
-    "h264": ("libx264", "h264", "libopenh264"),
-}
-DEFAULT_GOP = 2
-DEFAULT_CRF = 30
-
-
-# ---- encoding ---------------------------------------------------------------------------------------------
-def available_encoder(vcodec: str) -> str:
-    """The first encoder of ``vcodec`` ("av1" | "h264", or an encoder name) this PyAV build provides."""
-    names = ENCODERS.get(vcodec, (vcodec,))
-    for name in names:
-        try:
-            av.codec.Codec(name, "w")
-            return name
-        except Exception:
-            continue
-    raise ValueError(
-        f"No encoder for vcodec={vcodec!r} in this PyAV build (tried {list(names)}); use 'av1' or 'h264'."
-    )
-
-
-def encoder_options(
-    encoder: str, gop: int = DEFAULT_GOP, crf: int = DEFAULT_CRF, preset: int | str | None = None
-) -> dict[str, str]:
-    """Codec options mirroring LeRobot's ``VideoEncoderConfig.get_codec_options`` for the same settings."""
-    opts = {"g": str(gop), "crf": str(crf)}
-    if encoder == "libsvtav1":
-        opts |= {"preset": str(12 if preset is None else preset), "svtav1-params": "fast-decode=0"}
-    elif encoder == "libaom-av1":
-        opts |= {"cpu-used": str(8 if preset is None else preset), "row-mt": "1"}
-    elif preset is not None:
-        opts["preset"] = str(preset)
-    return opts
-
-
-class VideoEncoder:
-    """Streams uint8 RGB frames ``[H, W, 3]`` into one MP4 (yuv420p); frame ``i`` gets pts ``i / fps``."""
-
-    def __init__(
-        self,
-        path: str | Path,
-        fps: int | float,
-        height: int,
-        width: int,
-        vcodec: str = "av1",
-        gop: int = DEFAULT_GOP,
-        crf: int = DEFAULT_CRF,
-        preset: int | str | None = None,
-    ) -> None:
-        self.path, self.height, self.width = Path(path), height, width
-        if height % 2 or width % 2:
-            raise ValueError(f"{self.path}: yuv420p video needs even height and width, got {height}x{width}")
-        self.encoder = available_encoder(vcodec)
-        self.options = encoder_options(self.encoder, gop, crf, preset)
-        self._rate = Fraction(fps).limit_denominator(1001)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._container = av.open(str(self.path), "w", options={"movflags": "faststart"})
-        self._stream = self._container.add_stream(self.encoder, rate=self._rate, options=self.options)
-        self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
-        self.num_frames = 0
-
-    def write(self, image: np.ndarray) -> None:
-        if image.shape != (self.height, self.width, 3) or image.dtype != np.uint8:
-            raise ValueError(
-                f"{self.path}: frame {self.num_frames} must be uint8 {(self.height, self.width, 3)}, "
-                f"got {image.dtype} {image.shape}"
-            )
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-        frame.pts, frame.time_base = self.num_frames, 1 / self._rate
-        self._container.mux(self._stream.encode(frame))
-        self.num_frames += 1
-
-    def close(self) -> None:
-        self._container.mux(self._stream.encode(None))
-        self._container.close()
-
-
-def encode_video(
-    frames: np.ndarray | Iterable[np.ndarray], path: str | Path, fps: int | float, **kwargs: Any
-) -> int:
-    """Encode ``frames`` (uint8 ``[T, H, W, 3]``) to ``path``; ``kwargs`` as :class:`VideoEncoder`. Returns T."""
-    frames = list(frames)
-    if not frames:
-        raise ValueError(f"{path}: no frames to encode")
-    encoder = VideoEncoder(path, fps, frames[0].shape[0], frames[0].shape[1], **kwargs)
-    for image in frames:
-        encoder.write(image)
-    encoder.close()
-    return encoder.num_frames
-
-
-def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[float]:
-    """Stream-copy MP4s (same codec/size/fps) into one, each starting where the previous ended.
-
-    Returns each input's start time in seconds in ``output`` (LeRobot v3 ``from_timestamp``).
-    """
-    starts: list[float] = []
-    with av.open(str(output), "w", options={"movflags": "faststart"}) as out:
-        out_stream, offset = None, 0  # offset in the output stream's time base
-        for path in inputs:
-            with av.open(str(path)) as src:
-                stream = src.streams.video[0]
-                if out_stream is None:
-                    out_stream = out.add_stream_from_template(stream, opaque=True)
-                    out_stream.time_base = stream.time_base
-                if stream.time_base != out_stream.time_base:
-                    raise ValueError(
-                        f"{path}: time base {stream.time_base} != {out_stream.time_base}; cannot concatenate"
-                    )
-                starts.append(float(offset * stream.time_base))
-                end, frame_ticks = (
-                    offset,
-                    round(1 / (stream.average_rate * stream.time_base)) if stream.average_rate else 1,
-                )
-                for packet in src.demux(stream):
-                    if packet.dts is None:  # demuxer flush packet
-                        continue
-                    packet.pts, packet.dts = packet.pts + offset, packet.dts + offset
-                    end = max(end, packet.pts + (packet.duration or frame_ticks))
-                    packet.stream = out_stream
-                    out.mux(packet)
-                offset = end
-    return starts
+__all__ = [
+    "DEFAULT_CRF",
+    "DEFAULT_GOP",
+    "ENCODERS",
+    "VideoDecoder",
+    "VideoEncoder",
+    "available_encoder",
+    "close_decoder",
+    "close_decoders",
+    "concat_videos",
+    "decode_frames",
+    "encode_video",
+    "encoder_options",
+    "get_decoder",
+    "probe_video",
+]
 
 
 def probe_video(path: str | Path) -> dict[str, Any]:

@@ -161,10 +161,14 @@ class WindowDataset(Dataset):
         std = self.episode(si, ep)
         n = len(std.frames)
         horizon = cfg.chunk_length or self.chunk_lengths.get(std.embodiment, 1)
-        # Action chunk [H, A]: steps past the episode end repeat the last action and are flagged as padding.
+        # Action chunk [H, A]: the kept frames that follow `pos` contiguously in raw time. Steps past the episode
+        # end -- or past a gap a filter left (the DROID idle filter drops frames mid-episode) -- repeat the last
+        # real action and are flagged as padding: a chunk never splices actions from both sides of a gap.
         steps = np.arange(pos, pos + horizon)
-        is_pad = steps >= n
-        actions = std.action[np.minimum(steps, n - 1)]
+        gap = std.frames[np.minimum(steps, n - 1)] - std.frames[pos] != steps - pos
+        is_pad = np.logical_or.accumulate((steps >= n) | gap)  # once padded, every later step is padding
+        last_real = pos + int((~is_pad).sum()) - 1
+        actions = std.action[np.where(is_pad, last_real, steps)]
         # Never let NaN/inf reach the model silently: it would poison every weight through one step.
         if not np.isfinite(std.state[pos]).all():
             raise ValueError(f"non-finite state at frame {int(std.frames[pos])}: {std.state[pos].tolist()}")
@@ -174,8 +178,11 @@ class WindowDataset(Dataset):
             raise ValueError(
                 f"non-finite action at frame {frame} (in the chunk of frame {int(std.frames[pos])})"
             )
-        # Observation history: T_obs frames ending at `pos`, repeating the first frame before the episode start.
+        # Observation history: T_obs frames ending at `pos`, repeating the first frame of its contiguous run before
+        # the episode start (or before a gap, as for the action chunk).
         hist = np.maximum(np.arange(pos - cfg.obs_history + 1, pos + 1), 0)
+        contiguous = std.frames[pos] - std.frames[hist] == pos - hist  # a suffix of the window
+        hist = np.where(contiguous, hist, hist[contiguous][0])
         raw_frames = std.frames[hist].tolist()
         keys = list(std.cameras.values())
         decoded = src.reader.read_images(src.split, ep, raw_frames, keys) if keys else {}

@@ -15,7 +15,7 @@ def detect_format(path: str | Path) -> str:
         raise DatasetFormatError(f"{p}: no such file or directory. Pass the dataset's root folder.")
     if (p / "meta" / "info.json").is_file():
         return "lerobot"
-    if (p / "dataset_info.json").is_file() or _rlds_version_dir(p) is not None:
+    if (p / "dataset_info.json").is_file() or rlds_version_dir(p) is not None:
         return "rlds"
     raise DatasetFormatError(
         f"{p}: not a recognised dataset. Expected a LeRobot dataset (meta/info.json) or an RLDS/TFDS directory "
@@ -23,18 +23,17 @@ def detect_format(path: str | Path) -> str:
     )
 
 
-def _rlds_version_dir(p: Path) -> Path | None:
+def version_key(name: str) -> tuple:
+    """Sort key of a version folder name: numeric parts numerically ("1.10.0" > "1.9.0"), others after them."""
+    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in name.split("."))
+
+
+def rlds_version_dir(p: Path) -> Path | None:
     """The newest version folder ``<p>/<x.y.z>/`` holding a ``dataset_info.json``, if any."""
     if not p.is_dir():
         return None
     versions = [d for d in p.iterdir() if d.is_dir() and (d / "dataset_info.json").is_file()]
-    if not versions:
-        return None
-
-    def key(d: Path) -> tuple:
-        return tuple(int(x) if x.isdigit() else x for x in d.name.split("."))
-
-    return sorted(versions, key=key)[-1]
+    return max(versions, key=lambda d: version_key(d.name)) if versions else None
 
 
 def open_dataset(path: str | Path) -> DatasetReader:
@@ -48,7 +47,7 @@ def open_dataset(path: str | Path) -> DatasetReader:
     from vla.data.readers.rlds import RLDSReader
 
     if not (p / "dataset_info.json").is_file():
-        p = _rlds_version_dir(p) or p
+        p = rlds_version_dir(p) or p
     return RLDSReader(p)
 
 
@@ -59,4 +58,6 @@ __all__ = [
     "RawEpisode",
     "detect_format",
     "open_dataset",
+    "rlds_version_dir",
+    "version_key",
 ]

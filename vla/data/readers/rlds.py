@@ -6,6 +6,8 @@ Each record is one episode: per-step features are stored flattened under ``steps
 concatenated (floats as float32 — float64 fields too —, ints and bools as int64, text and encoded images as
 bytes), and per-episode features under ``episode_metadata/<path>``. Episode ``i`` of a split counts records
 in file order: shards by name, then records in each shard.
+
+The features.json spec and shard naming are parsed by ``vla.data.readers.tfds_spec``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,75 +25,16 @@ import numpy as np
 from PIL import Image
 
 from vla.data.readers.base import DatasetFormatError, DatasetReader, FeatureInfo, RawEpisode
+from vla.data.readers.tfds_spec import (
+    DEFAULT_TEMPLATE,
+    SHARD_RE,
+    RLDSFeature,
+    parse_features_json,
+    shard_name,
+)
 from vla.data.readers.tfrecord import FeatureValue, parse_example, read_feature, read_record, scan_tfrecord
 
-_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"  # TFDS default shard file name
-_SHARD_RE = re.compile(r"^(?P<name>.+)-(?P<split>[^-]+)\.(?P<fmt>[a-z_]+)-(?P<i>\d{5})-of-(?P<n>\d{5})$")
-_LENGTH_KEYS = ("is_first", "is_last", "is_terminal")
-
-
-@dataclass(frozen=True)
-class RLDSFeature:
-    """One leaf of ``features.json``: ``key`` as stored in the Example (``steps/observation/state``),
-    ``name`` as exposed (``observation/state``), ``cls`` the TFDS class (Tensor, Scalar, Image, Text,
-    ClassLabel), numpy ``dtype`` (``"str"`` for text), per-step (or per-episode) ``shape`` with -1 for unknown
-    dims, ``encoding`` (``none``/``bytes``/``zlib`` for tensors, ``jpeg``/``png`` for images)."""
-
-    key: str
-    name: str
-    cls: str
-    dtype: str
-    shape: tuple[int, ...]
-    encoding: str
-    in_steps: bool
-    description: str = ""
-
-    @property
-    def kind(self) -> str:
-        if self.cls == "Image":
-            return "image"
-        return "string" if self.dtype == "str" else "tensor"
-
-    def info(self) -> FeatureInfo:
-        return FeatureInfo(self.name, self.kind, self.dtype, self.shape, self.description)
-
-
-def parse_features_json(spec: dict[str, Any], path: str = "features.json") -> list[RLDSFeature]:
-    """Flatten a TFDS ``FeaturesDict`` JSON into leaves, in file order; unsupported classes are warned about
-    and skipped."""
-    leaves: list[RLDSFeature] = []
-
-    def walk(node: dict[str, Any], parts: list[str], in_steps: bool) -> None:
-        cls = node.get("pythonClassName", "").rsplit(".", 1)[-1]
-        key = "/".join(parts)
-        name = "/".join(parts[1:]) if parts and parts[0] in ("steps", "episode_metadata") else key
-        desc = node.get("description", "")
-        if cls == "FeaturesDict":
-            for k, child in node["featuresDict"]["features"].items():
-                walk(child, [*parts, k], in_steps)
-        elif cls in ("Dataset", "Sequence") and parts == ["steps"]:
-            walk(node["sequence"]["feature"], parts, True)
-        elif cls in ("Tensor", "Scalar"):
-            t = node["tensor"]
-            dims = tuple(int(d) for d in t.get("shape", {}).get("dimensions", []))
-            dtype = "str" if t["dtype"] == "string" else t["dtype"]
-            leaves.append(RLDSFeature(key, name, cls, dtype, dims, t.get("encoding", "none"), in_steps, desc))
-        elif cls == "Image":
-            im = node["image"]
-            dims = tuple(int(d) for d in im["shape"]["dimensions"])
-            fmt = im.get("encodingFormat") or "png"
-            leaves.append(RLDSFeature(key, name, cls, im.get("dtype", "uint8"), dims, fmt, in_steps, desc))
-        elif cls == "Text":
-            leaves.append(RLDSFeature(key, name, cls, "str", (), "none", in_steps, desc))
-        elif cls == "ClassLabel":
-            leaves.append(RLDSFeature(key, name, cls, "int64", (), "none", in_steps, desc))
-        else:
-            warnings.warn(
-                f"{path}: feature '{key}' has unsupported TFDS class {cls!r}; it is skipped", stacklevel=3
-            )
-
-    walk(spec, [], False)
-    return leaves
+_LENGTH_KEYS = ("is_first", "is_last", "is_terminal")  # per-step flags whose length is the step count
 
 
 @dataclass
@@ -276,15 +217,14 @@ class RLDSReader(DatasetReader):
         name, fmt = self._info.get("name") or "", self._info.get("fileFormat") or "tfrecord"
         globbed: dict[str, list[Path]] = {}
         for p in sorted(self.path.glob(f"*.{fmt}-?????-of-?????")):
-            if m := _SHARD_RE.match(p.name):
+            if m := SHARD_RE.match(p.name):
                 globbed.setdefault(m["split"], []).append(p)
         splits: dict[str, _Split] = {}
         for entry in self._info.get("splits") or [{"name": s} for s in globbed]:
             split, counts = entry["name"], [int(x) for x in entry.get("shardLengths", [])]
-            template = entry.get("filepathTemplate") or _TEMPLATE
+            template = entry.get("filepathTemplate") or DEFAULT_TEMPLATE
             shards = [
-                self.path / _shard_name(template, name, split, fmt, i, len(counts))
-                for i in range(len(counts))
+                self.path / shard_name(template, name, split, fmt, i, len(counts)) for i in range(len(counts))
             ]
             if not counts or not all(p.is_file() for p in shards):
                 shards, counts = globbed.get(split, []), None
@@ -449,15 +389,6 @@ class RLDSReader(DatasetReader):
                 f"{arr.shape} != features.json shape {f.shape}; fix features.json or re-export the dataset."
             )
         return arr
-
-
-def _shard_name(template: str, dataset: str, split: str, fmt: str, i: int, n: int) -> str:
-    """A shard's file name from dataset_info.json's ``filepathTemplate`` (TFDS placeholders)."""
-    values = {"DATASET": dataset, "SPLIT": split, "FILEFORMAT": fmt, "SHARD_X_OF_Y": f"{i:05d}-of-{n:05d}"}
-    values |= {"SHARD_INDEX": f"{i:05d}", "NUM_SHARDS": f"{n:05d}"}
-    for k, v in values.items():
-        template = template.replace("{" + k + "}", v)
-    return template
 
 
 def _to_str(v: memoryview) -> str | bytes:

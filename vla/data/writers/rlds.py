@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vla.data.readers.tfds_spec import DEFAULT_TEMPLATE, shard_name
 from vla.data.readers.tfrecord import masked_crc32c
 
 _TFDS = "tensorflow_datasets.core.features."
@@ -35,7 +36,6 @@ _CLASS_PATH = {
     "Image": "image_feature.Image",
     "Text": "text_feature.Text",
 }
-TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 
 
 @dataclass(frozen=True)
@@ -260,12 +260,12 @@ def write_rlds(
         num_bytes = 0
         for i, group in enumerate(groups):
             records = (episode_example(episodes[j], steps, metadata, jpeg_quality) for j in group)
-            file = root / f"{name}-{split}.tfrecord-{i:05d}-of-{n:05d}"
+            file = root / shard_name(DEFAULT_TEMPLATE, name, split, "tfrecord", i, n)
             num_bytes += sum(write_tfrecord(file, records))
         order[split] = [int(j) for j in perm]
         split_infos.append(
             {
-                "filepathTemplate": TEMPLATE,
+                "filepathTemplate": DEFAULT_TEMPLATE,
                 "name": split,
                 "numBytes": str(num_bytes),
                 "shardLengths": [str(len(g)) for g in groups],

@@ -1,0 +1,1 @@
+"""Models: VLM backbone + action expert + per-embodiment heads."""

@@ -1,0 +1,235 @@
+"""The VLM backbone: a Hugging Face vision-language model turned into a *prefix encoder*.
+
+It embeds the images of every present camera slot (absent slots are masked out, never attended), the prompt
+tokens and a learned embodiment token into one prefix ``[B, P, D]``, runs the first ``num_vlm_layers`` language
+layers over it with bidirectional attention among valid prefix tokens, and returns every layer's keys/values
+``[B, KV, P, d]``: the action expert's layer ``i`` attends to them (π0-style), so the prefix is computed once per
+observation and reused by every denoising step.
+
+Loaded with ``from_pretrained`` from a hub id or a local directory (SmolVLM/Idefics3: SmolVLM2-256M/500M;
+PaliGemma/PaliGemma2), or ``tiny:<family>[:<size>]`` for a small randomly initialised model of the same classes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from vla.models.attention import decoder_layer
+from vla.models.config import BackboneConfig
+from vla.types import IMAGE_SLOTS
+
+
+def resolve_pretrained(name: str) -> str:
+    """A hub id / local directory as given, or the local directory of a ``tiny:<family>[:<size>]`` preset."""
+    if name.startswith("tiny:"):
+        from vla.models.tiny import tiny_backbone_path
+
+        parts = name.split(":")
+        return str(tiny_backbone_path(parts[1], parts[2] if len(parts) > 2 else "tiny"))
+    return name
+
+
+def load_hf_vlm(path: str, family: str, *, weights: bool = True) -> tuple[nn.Module, object]:
+    """The HF model (weights from ``path``, or random init from its config when ``weights`` is False) and its
+    tokenizer."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise OSError(
+            f"cannot load the {family} backbone from {path!r}: {e}. Use a local directory with config.json and the "
+            "tokenizer files, a hub id that is in your Hugging Face cache (downloads need network access), or "
+            "'tiny:<family>' for a small local test model."
+        ) from e
+    if weights:
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    else:
+        model = AutoModelForImageTextToText.from_config(config)
+    return model, tokenizer
+
+
+@dataclass
+class Prefix:
+    """A computed prefix: per-layer ``keys``/``values`` ``[B, KV, P, d]``, ``valid`` ``[B, P]`` (token exists)
+    and ``length`` ``[B]`` (number of valid tokens; the expert's positions continue from it)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    valid: torch.Tensor
+    length: torch.Tensor
+
+
+class VLMBackbone(nn.Module):
+    """Prefix encoder over a HF VLM (see the module docstring). ``hidden_size`` is the language width D."""
+
+    def __init__(self, cfg: BackboneConfig, *, model: nn.Module, tokenizer: object, source: str = "") -> None:
+        super().__init__()
+        self.cfg, self.tokenizer, self.source = cfg, tokenizer, source
+        inner = model.model
+        if cfg.family == "smolvlm":
+            self.vision, self.projector, text = inner.vision_model, inner.connector, inner.text_model
+        else:
+            self.vision, self.projector, text = (
+                inner.vision_tower,
+                inner.multi_modal_projector,
+                inner.language_model,
+            )
+        self.hf_config = model.config
+        self.text_config = text.config
+        total = len(text.layers)
+        n = cfg.num_vlm_layers or total
+        if n > total:
+            raise ValueError(
+                f"model.backbone.num_vlm_layers={n} but {source or 'the backbone'} has {total} language layers"
+            )
+        self.embed_tokens = text.embed_tokens
+        self.layers = nn.ModuleList(
+            list(text.layers)[:n]
+        )  # the rest (and the LM head) are never used: dropped
+        self.rotary = text.rotary_emb
+        vcfg = self.hf_config.vision_config
+        self.native_image_size = int(vcfg.image_size)
+        self.image_size = cfg.image_size or self.native_image_size
+        if self.image_size != self.native_image_size and cfg.family != "smolvlm":
+            raise ValueError(
+                f"model.backbone.image_size={self.image_size}: {cfg.family} vision towers have fixed position "
+                f"embeddings for {self.native_image_size} px; use 0 or {self.native_image_size}"
+            )
+        mean, std = _image_norm(source)
+        self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        self.hidden_size = int(self.text_config.hidden_size)
+        self.set_trainable()
+
+    # ---- construction ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_config(
+        cls, cfg: BackboneConfig, *, weights: bool = True, path: str | None = None
+    ) -> VLMBackbone:
+        src = path or resolve_pretrained(cfg.pretrained)
+        model, tokenizer = load_hf_vlm(src, cfg.family, weights=weights)
+        return cls(cfg, model=model, tokenizer=tokenizer, source=src)
+
+    def set_trainable(self) -> None:
+        """Apply ``freeze_vision`` / ``freeze_language``."""
+        for m in (self.vision, self.projector):
+            m.requires_grad_(not self.cfg.freeze_vision)
+        for m in (self.embed_tokens, self.layers):
+            m.requires_grad_(not self.cfg.freeze_language)
+
+    @property
+    def frozen(self) -> bool:
+        return self.cfg.freeze_vision and self.cfg.freeze_language
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def save_assets(self, out: Path) -> None:
+        """Write what rebuilds this backbone without downloading: its HF config, tokenizer and image norm."""
+        out.mkdir(parents=True, exist_ok=True)
+        self.hf_config.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        (out / "vla_image_norm.json").write_text(
+            json.dumps({"mean": self.pixel_mean.flatten().tolist(), "std": self.pixel_std.flatten().tolist()})
+        )
+
+    # ---- prefix ----------------------------------------------------------------------------------------------
+    def tokenize(self, prompts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask ``[B, L]`` (L <= max_prompt_tokens, padded to the batch's longest)."""
+        enc = self.tokenizer(
+            [p if p else " " for p in prompts],
+            padding="longest",
+            truncation=True,
+            max_length=self.cfg.max_prompt_tokens,
+            return_tensors="pt",
+        )
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
+
+    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[N, H, W, 3]`` -> image tokens ``[N, n_tok, D]`` (resize, normalize, vision tower, projector)."""
+        x = images.permute(0, 3, 1, 2).to(self.pixel_mean.dtype) / 255.0
+        if x.shape[-2:] != (self.image_size, self.image_size):
+            x = F.interpolate(
+                x,
+                size=(self.image_size, self.image_size),
+                mode="bilinear",
+                antialias=True,
+                align_corners=False,
+            )
+        x = (x - self.pixel_mean) / self.pixel_std
+        return self.projector(self.vision(pixel_values=x).last_hidden_state)
+
+    def embed_prefix(
+        self,
+        images: dict[str, torch.Tensor],
+        image_mask: dict[str, torch.Tensor],
+        prompts: list[str],
+        embodiment_token: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefix tokens ``[B, P, D]`` and validity ``[B, P]``: image tokens of each slot (slot order of
+        ``IMAGE_SLOTS``; the last frame of the history), prompt tokens, then the embodiment token ``[B, D]``."""
+        device = embodiment_token.device
+        b = embodiment_token.shape[0]
+        parts, valid = [], []
+        for slot in [s for s in IMAGE_SLOTS if s in images]:
+            present = image_mask[slot].to(device)
+            frames = images[slot][:, -1]  # [B, H, W, 3]
+            rows = present.nonzero().flatten()
+            if len(rows) == 0:
+                continue
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.freeze_vision):
+                tok = self.image_tokens(
+                    frames[rows].to(device)
+                )  # vision only for samples that have this camera
+            full = tok.new_zeros(b, *tok.shape[1:]).index_copy(0, rows, tok)
+            parts.append(full)
+            valid.append(present[:, None].expand(-1, tok.shape[1]))
+        ids, mask = self.tokenize(prompts, device)
+        parts.append(self.embed_tokens(ids).to(embodiment_token.dtype))
+        valid.append(mask)
+        parts.append(embodiment_token[:, None])
+        valid.append(torch.ones(b, 1, dtype=torch.bool, device=device))
+        return torch.cat(parts, dim=1), torch.cat(valid, dim=1)
+
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> Prefix:
+        """Run the language layers over the prefix (bidirectional among valid tokens) and collect every layer's
+        keys/values. The last layer's attention/MLP are skipped: only its keys/values are ever read."""
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        cos, sin = self.rotary(tokens, positions)
+        p = tokens.shape[1]
+        # a padded query row attends to itself only (keeps softmax finite); nobody attends to padding
+        mask = (valid[:, None, :] | torch.eye(p, dtype=torch.bool, device=valid.device)[None]).unsqueeze(1)
+        keys, values = [], []
+        h = tokens
+        for i, layer in enumerate(self.layers):
+            last = i == len(self.layers) - 1
+            if self.cfg.gradient_checkpointing and self.training and torch.is_grad_enabled() and not last:
+                h, (k, v) = checkpoint(decoder_layer, layer, h, cos, sin, mask, use_reentrant=False)
+            else:
+                h, (k, v) = decoder_layer(layer, h, cos, sin, mask, keys_only=last)
+            keys.append(k)
+            values.append(v)
+        return Prefix(keys=keys, values=values, valid=valid, length=valid.sum(-1))
+
+
+def _image_norm(source: str) -> tuple[list[float], list[float]]:
+    """Pixel mean/std from the checkpoint's image-processor config (SigLIP-style 0.5/0.5 when absent)."""
+    for name in ("vla_image_norm.json", "preprocessor_config.json", "processor_config.json"):
+        p = Path(source) / name
+        if p.is_file():
+            d = json.loads(p.read_text())
+            d = d.get("image_processor", d)
+            mean, std = d.get("mean", d.get("image_mean")), d.get("std", d.get("image_std"))
+            if mean and std:
+                return [float(x) for x in mean], [float(x) for x in std]
+    return [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]

@@ -1,0 +1,194 @@
+"""Checkpoint directories in the Hugging Face style: ``save_pretrained(model, dir)`` / ``from_pretrained(dir)``.
+
+Layout (``format_version`` 1)::
+
+    config.json            {"vla_format_version": 1, "policy": ..., "model": <ModelConfig>}
+    model.safetensors      every parameter (backbone included; only the language layers used are kept)
+    backbone/              the HF backbone's config.json + tokenizer files + image normalization
+    embodiments/<name>.yaml  one spec per embodiment slot, in table order (config.model.embodiments)
+    norm_stats.json        the normalization stats the model was trained with (when known)
+    README.md              a generated model card
+
+Everything needed to rebuild the model is in the folder: loading never downloads. A hub id works too when the
+repository is in the local Hugging Face cache (``huggingface_hub.snapshot_download``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import draccus
+import torch
+from safetensors.torch import load_model, save_model
+
+from vla import __version__
+from vla.embodiments import EmbodimentSpec
+from vla.models.backbone import VLMBackbone
+from vla.models.config import ModelConfig, load_model_config
+from vla.models.policies import POLICIES
+
+if TYPE_CHECKING:
+    from vla.data.normalize import StatsFile
+    from vla.models.policies.flow_vla import FlowVLA
+
+FORMAT_VERSION = 1
+
+
+def save_pretrained(model: FlowVLA, out_dir: str | Path) -> Path:
+    """Write ``model`` to ``out_dir`` atomically (a half-written folder is never left under that name)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        cfg = {
+            "vla_format_version": FORMAT_VERSION,
+            "vla_version": __version__,
+            "policy": model.cfg.policy,
+            "model": draccus.encode(model.cfg),
+        }
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        save_model(model, str(tmp / "model.safetensors"))
+        model.backbone.save_assets(tmp / "backbone")
+        (tmp / "embodiments").mkdir()
+        for spec in model.specs:
+            spec.to_yaml(tmp / "embodiments" / f"{spec.name}.yaml")
+        if model.norm_stats is not None:
+            model.norm_stats.save(tmp / "norm_stats.json")
+        (tmp / "README.md").write_text(model_card(model))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _local_dir(path: str | Path) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path)))
+    except Exception as e:
+        raise FileNotFoundError(
+            f"{path}: not a local checkpoint folder, and not a hub repository available offline ({e}). "
+            "Pass the folder written by save_pretrained / `vla model init`."
+        ) from e
+
+
+def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu") -> FlowVLA:
+    """Rebuild a model saved by ``save_pretrained`` (architecture from the folder, weights from safetensors)."""
+    root = _local_dir(path)
+    cfg_file = root / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{root}: no config.json; this is not a vla checkpoint folder")
+    meta = json.loads(cfg_file.read_text())
+    version = int(meta.get("vla_format_version", 0))
+    if version < 1 or version > FORMAT_VERSION:
+        raise ValueError(
+            f"{cfg_file}: vla_format_version {version} is not supported by this vla (knows 1..{FORMAT_VERSION})"
+        )
+    cfg: ModelConfig = load_model_config(meta["model"])
+    specs = []
+    for name in cfg.embodiments:
+        f = root / "embodiments" / f"{name}.yaml"
+        if not f.is_file():
+            raise FileNotFoundError(f"{root}: embodiment spec {f.name} listed in config.json is missing")
+        specs.append(EmbodimentSpec.from_yaml(f))
+    stats = None
+    if (root / "norm_stats.json").is_file():
+        from vla.data.normalize import StatsFile
+
+        stats = StatsFile.load(root / "norm_stats.json")
+    backbone = VLMBackbone.from_config(cfg.backbone, weights=False, path=str(root / "backbone"))
+    model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
+    missing, unexpected = load_model(
+        model, str(root / "model.safetensors"), strict=False, device=str(map_location)
+    )
+    if missing or unexpected:
+        raise ValueError(
+            f"{root / 'model.safetensors'} does not match the architecture in config.json: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    return model.to(map_location)
+
+
+def model_card(model: FlowVLA) -> str:
+    """A Markdown model card: what the model is, its embodiments and parameter counts, how to load it."""
+    counts = model.parameter_counts()
+    rows = "\n".join(f"| {k} | {v['total']:,} | {v['trainable']:,} |" for k, v in counts.items())
+    emb = "\n".join(
+        f"| {s.name} | {s.robot or '-'} | {s.state_dim} | {s.action_dim} | {min(s.chunk_length, model.cfg.chunk_length)} "
+        f"| {s.control_hz:g} | {', '.join(s.cameras)} |"
+        for s in model.specs
+    )
+    stats = (
+        "included (`norm_stats.json`)"
+        if model.norm_stats is not None
+        else "not included (untrained checkpoint)"
+    )
+    return f"""---
+library_name: vla
+tags: [robotics, vision-language-action, flow-matching, cross-embodiment]
+---
+# {model.cfg.policy} checkpoint
+
+A vision-language-action model written by vla {__version__}: the first {model.backbone.num_layers} language layers of
+the `{model.cfg.backbone.family}` backbone `{model.cfg.backbone.pretrained}` encode the camera images, the instruction
+and an embodiment token; a flow-matching action expert ({model.expert.width} wide, {len(model.expert.layers)} layers)
+attends to their keys/values and predicts action chunks through per-embodiment heads
+({model.cfg.flow.num_steps} Euler steps by default).
+
+## Embodiments
+
+| name | robot | state dim | action dim | chunk | Hz | cameras |
+|---|---|---|---|---|---|---|
+{emb}
+
+## Parameters
+
+| component | total | trainable |
+|---|---|---|
+{rows}
+
+Normalization statistics: {stats}.
+
+## Use
+
+```python
+from vla.models.hub import from_pretrained
+model = from_pretrained("path/to/this/folder")
+actions = model.sample_actions(batch)  # batch: vla.types.Batch with images, state, prompt, embodiment_id
+```
+"""
+
+
+def init_checkpoint(
+    config: str | Path,
+    out_dir: str | Path,
+    *,
+    embodiments: list[str] | None = None,
+    stats: StatsFile | None = None,
+    overrides: list[str] | None = None,
+    seed: int = 0,
+) -> Path:
+    """``vla model init``: an untrained checkpoint of ``config`` for the given embodiments (default: the config's)."""
+    from vla.embodiments import get_embodiment
+
+    cfg = load_model_config(config, overrides)
+    names = embodiments or list(cfg.embodiments)
+    if not names:
+        raise ValueError(
+            "no embodiments: pass --embodiment NAME (repeatable) or set model.embodiments in the config"
+        )
+    torch.manual_seed(seed)
+    model = POLICIES.get(cfg.policy)(cfg, [get_embodiment(n) for n in names], norm_stats=stats)
+    return save_pretrained(model, out_dir)

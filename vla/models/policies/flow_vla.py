@@ -1,0 +1,323 @@
+"""``flow_vla``: VLM backbone prefix + shared flow-matching action expert + per-embodiment heads (DESIGN §5).
+
+Training: ``loss(batch)`` draws t ~ Beta(1.5, 1) (scaled into [t_min, 1]) and noise, forms
+x_t = t * noise + (1 - t) * actions, and regresses the expert's velocity onto u = noise - actions with a masked
+MSE over each sample's valid action dims and non-padded steps (reported per embodiment).
+Inference: ``sample_actions(batch)`` computes the prefix once, then integrates dx/dt = v from t = 1 (noise) to
+t = 0 with ``num_steps`` Euler steps, reusing the prefix keys/values at every step.
+
+Each embodiment has its own slot in every head table and its own embodiment token; it predicts its own action
+dims and its own chunk length (``min(spec.chunk_length, model.chunk_length)``), masked to the batch maximum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from vla.embodiments import EmbodimentSpec
+from vla.models.backbone import Prefix, VLMBackbone
+from vla.models.config import ModelConfig
+from vla.models.expert import ActionExpert
+from vla.models.heads import EmbodimentHeads
+from vla.models.policies import POLICIES
+from vla.types import Batch
+
+if TYPE_CHECKING:
+    from vla.data.normalize import StatsFile
+
+
+class FlowVLA(nn.Module):
+    """The VLA policy. ``embodiment_ids`` (name -> table index) is what the loader must use for ``embodiment_id``."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        specs: Sequence[EmbodimentSpec],
+        *,
+        backbone: VLMBackbone | None = None,
+        norm_stats: StatsFile | None = None,
+    ) -> None:
+        super().__init__()
+        if not specs:
+            raise ValueError("a model needs at least one embodiment spec (model.embodiments)")
+        for spec in specs:
+            self._check_fits(cfg, spec)
+        self.cfg = dataclasses.replace(cfg, embodiments=tuple(s.name for s in specs))
+        self.specs: list[EmbodimentSpec] = list(specs)
+        self.norm_stats = norm_stats
+        self.backbone = backbone or VLMBackbone.from_config(cfg.backbone)
+        d = self.backbone.hidden_size
+        n_layers = cfg.expert.num_layers or self.backbone.num_layers
+        self.expert = ActionExpert(
+            self.backbone.layers[0],
+            self.backbone.text_config,
+            self.backbone.rotary,
+            num_layers=n_layers,
+            backbone_layers=self.backbone.num_layers,
+            width_ratio=cfg.expert.width_ratio,
+            mlp_ratio=cfg.expert.mlp_ratio,
+            gradient_checkpointing=cfg.backbone.gradient_checkpointing,
+        )
+        self.embodiment_tokens = nn.Embedding(len(specs), d)
+        nn.init.normal_(self.embodiment_tokens.weight, std=0.02)
+        self.heads = EmbodimentHeads(len(specs), cfg.max_state_dim, cfg.max_action_dim, self.expert.width)
+        self._refresh_tables()
+        self._set_token_trainable()
+        self._expert_forward = (
+            torch.compile(self.expert.forward, dynamic=True) if cfg.expert.compile else self.expert.forward
+        )
+
+    # ---- embodiment table -------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_fits(cfg: ModelConfig, spec: EmbodimentSpec) -> None:
+        if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
+            raise ValueError(
+                f"embodiment {spec.name!r} has state_dim {spec.state_dim} / action_dim {spec.action_dim}, more than "
+                f"model.max_state_dim {cfg.max_state_dim} / model.max_action_dim {cfg.max_action_dim}; raise them"
+            )
+
+    def _refresh_tables(self) -> None:
+        dev = self.embodiment_tokens.weight.device
+        self.register_buffer(
+            "chunk_lengths",
+            torch.tensor([min(s.chunk_length, self.cfg.chunk_length) for s in self.specs], device=dev),
+            persistent=False,
+        )
+        self.register_buffer(
+            "action_dims", torch.tensor([s.action_dim for s in self.specs], device=dev), persistent=False
+        )
+
+    def _set_token_trainable(self) -> None:
+        # The embodiment token reaches the loss only through the language layers: with those frozen (and run
+        # without autograd for speed) it cannot learn, so it is frozen too; LoRA/unfrozen layers train it.
+        self.embodiment_tokens.requires_grad_(not self.backbone.frozen)
+
+    @property
+    def embodiment_ids(self) -> dict[str, int]:
+        return {s.name: i for i, s in enumerate(self.specs)}
+
+    def spec(self, name: str) -> EmbodimentSpec:
+        return self.specs[self._index(name)]
+
+    def _index(self, name: str) -> int:
+        ids = self.embodiment_ids
+        if name not in ids:
+            raise KeyError(
+                f"embodiment {name!r} is not in this model (it has {sorted(ids)}); use add_embodiment(spec)"
+            )
+        return ids[name]
+
+    def most_similar(self, spec: EmbodimentSpec) -> str:
+        """The existing embodiment a new one is initialised from: same robot, then same action/state widths."""
+
+        def score(s: EmbodimentSpec) -> tuple:
+            return (
+                bool(spec.robot) and s.robot == spec.robot,
+                s.action_dim == spec.action_dim,
+                s.state_dim == spec.state_dim,
+                -abs(s.control_hz - spec.control_hz),
+            )
+
+        return max(self.specs, key=score).name
+
+    @torch.no_grad()
+    def add_embodiment(self, spec: EmbodimentSpec, init_from: str | None = None) -> int:
+        """Give ``spec`` its own slot in every head table and its own token, copied from ``init_from`` (default:
+        ``most_similar``). Other embodiments' outputs are unchanged. Returns the new index."""
+        if spec.name in self.embodiment_ids:
+            raise ValueError(f"embodiment {spec.name!r} is already in this model")
+        self._check_fits(self.cfg, spec)
+        src = self._index(init_from or self.most_similar(spec))
+        self.heads.add_slot(src)
+        w = self.embodiment_tokens.weight.data
+        self.embodiment_tokens = nn.Embedding(len(self.specs) + 1, w.shape[1]).to(w.device, w.dtype)
+        self.embodiment_tokens.weight.data = torch.cat([w, w[src : src + 1]])
+        self.specs.append(spec)
+        self.cfg = dataclasses.replace(self.cfg, embodiments=tuple(s.name for s in self.specs))
+        self._refresh_tables()
+        self._set_token_trainable()
+        return len(self.specs) - 1
+
+    # ---- forward pieces ----------------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dev = self.embodiment_tokens.weight.device
+        if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.specs)):
+            raise ValueError(
+                f"embodiment_id {ids.tolist()} outside this model's table of {len(self.specs)} "
+                f"({list(self.embodiment_ids)}); build the loader with embodiment_ids=model.embodiment_ids"
+            )
+
+    def compute_prefix(self, batch: Batch) -> Prefix:
+        """Backbone keys/values of the batch's observation (images, prompt, embodiment token)."""
+        ids = batch.embodiment_id.to(self.embodiment_tokens.weight.device)
+        self._check_ids(ids)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.backbone.frozen):
+            tokens, valid = self.backbone.embed_prefix(
+                batch.images, batch.image_mask, batch.prompt, self.embodiment_tokens(ids)
+            )
+            return self.backbone(tokens, valid)
+
+    def _padded(self, x: torch.Tensor, mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-pad the last axis of ``x`` (and its mask ``[B, D]``) to the head table ``width``."""
+        d = x.shape[-1]
+        if d > width:
+            raise ValueError(f"batch has {d} dims but the model's tables are {width} wide")
+        out = x.new_zeros(*x.shape[:-1], width)
+        out[..., :d] = x
+        m = mask.new_zeros(mask.shape[0], width)
+        m[:, :d] = mask
+        return out * m.view(m.shape[0], *([1] * (x.dim() - 2)), width), m
+
+    def velocity(
+        self,
+        prefix: Prefix,
+        state: torch.Tensor,
+        ids: torch.Tensor,
+        x_t: torch.Tensor,
+        t: torch.Tensor,
+        step_valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """Expert velocity ``[B, H, A_max]`` for noisy actions ``x_t`` ``[B, H, A_max]`` at flow time ``t`` ``[B]``."""
+        s = self.heads.encode_state(state, ids)
+        a = self.heads.encode_actions(x_t, t, ids)
+        valid = torch.cat([step_valid.new_ones(step_valid.shape[0], 1), step_valid], dim=1)
+        h = self._expert_forward(torch.cat([s, a], dim=1), prefix, valid)
+        return self.heads.decode_actions(h[:, 1:], ids)
+
+    def _step_valid(self, ids: torch.Tensor, horizon: int) -> torch.Tensor:
+        return torch.arange(horizon, device=ids.device)[None] < self.chunk_lengths[ids][:, None]
+
+    # ---- API --------------------------------------------------------------------------------------------------
+    def loss(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Masked flow-matching MSE (scalar) and metrics: ``loss`` and ``loss/<embodiment>`` per embodiment."""
+        dev = self.embodiment_tokens.weight.device
+        ids = batch.embodiment_id.to(dev)
+        state, _ = self._padded(batch.state.to(dev), batch.state_mask.to(dev), self.cfg.max_state_dim)
+        actions, dim_mask = self._padded(
+            batch.actions.to(dev), batch.action_mask.to(dev), self.cfg.max_action_dim
+        )
+        b, h, _ = actions.shape
+        step_valid = self._step_valid(ids, h)
+        with self._autocast():
+            prefix = self.compute_prefix(batch)
+            beta = torch.distributions.Beta(self.cfg.flow.beta_alpha, self.cfg.flow.beta_beta)
+            u01 = torch.rand(b, generator=generator, device=dev) if generator is not None else None
+            t = _beta_sample(beta, u01, b, dev) * (1 - self.cfg.flow.t_min) + self.cfg.flow.t_min
+            noise = torch.randn(actions.shape, generator=generator, device=dev) * dim_mask[:, None, :]
+            x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
+            v = self.velocity(prefix, state, ids, x_t, t, step_valid)
+        weight = (
+            dim_mask[:, None, :] & step_valid[:, :, None] & ~batch.action_is_pad.to(dev)[:, :, None]
+        ).float()
+        err = (v.float() - (noise - actions)) ** 2 * weight
+        loss = err.sum() / weight.sum().clamp(min=1)
+        metrics = {"loss": float(loss.detach())}
+        for i in ids.unique().tolist():
+            sel = ids == i
+            metrics[f"loss/{self.specs[i].name}"] = float(
+                err[sel].detach().sum() / weight[sel].sum().clamp(min=1)
+            )
+        return loss, metrics
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        batch: Batch,
+        *,
+        num_steps: int | None = None,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+        reuse_prefix: bool = True,
+    ) -> torch.Tensor:
+        """Action chunks ``[B, H, A_max]`` (normalized space) for the batch's observations; each sample's steps past
+        its embodiment's chunk length and dims past its action dim are 0. ``reuse_prefix=False`` recomputes the
+        prefix at every step (slower; same result — kept to test the cache)."""
+        dev = self.embodiment_tokens.weight.device
+        ids = batch.embodiment_id.to(dev)
+        self._check_ids(ids)
+        steps = num_steps or self.cfg.flow.num_steps
+        horizon = int(self.chunk_lengths[ids].max())
+        state, _ = self._padded(batch.state.to(dev), batch.state_mask.to(dev), self.cfg.max_state_dim)
+        dim_mask = torch.arange(self.cfg.max_action_dim, device=dev)[None] < self.action_dims[ids][:, None]
+        step_valid = self._step_valid(ids, horizon)
+        out_mask = (step_valid[:, :, None] & dim_mask[:, None, :]).float()
+        if noise is None:
+            noise = torch.randn(len(ids), horizon, self.cfg.max_action_dim, generator=generator, device=dev)
+        x = noise.to(dev) * dim_mask[:, None, :]
+        with self._autocast():
+            prefix = self.compute_prefix(batch) if reuse_prefix else None
+            dt = -1.0 / steps
+            for k in range(steps):
+                t = torch.full((len(ids),), 1.0 + k * dt, device=dev)
+                pre = prefix if prefix is not None else self.compute_prefix(batch)
+                v = self.velocity(pre, state, ids, x, t, step_valid)
+                x = (x + dt * v.float()) * dim_mask[:, None, :]
+        return x * out_mask
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.loss(batch)
+
+    def save_pretrained(self, out_dir: str) -> object:
+        """Write a Hugging Face-style checkpoint folder (see ``vla.models.hub``)."""
+        from vla.models.hub import save_pretrained
+
+        return save_pretrained(self, out_dir)
+
+    @classmethod
+    def from_pretrained(cls, path: str, map_location: str = "cpu") -> FlowVLA:
+        from vla.models.hub import from_pretrained
+
+        return from_pretrained(path, map_location=map_location)
+
+    # ---- bookkeeping ------------------------------------------------------------------------------------------
+    def parameter_counts(self) -> dict[str, dict[str, int]]:
+        """Total and trainable parameters per component (what ``vla model info`` prints)."""
+        parts = {
+            "vision": [self.backbone.vision, self.backbone.projector],
+            "language": [self.backbone.embed_tokens, self.backbone.layers],
+            "expert": [self.expert],
+            "heads": [self.heads],
+            "embodiment_tokens": [self.embodiment_tokens],
+        }
+        out = {}
+        for name, mods in parts.items():
+            params = [p for m in mods for p in m.parameters()]
+            out[name] = {
+                "total": sum(p.numel() for p in params),
+                "trainable": sum(p.numel() for p in params if p.requires_grad),
+            }
+        out["all"] = {k: sum(v[k] for v in out.values()) for k in ("total", "trainable")}
+        return out
+
+
+def _beta_sample(
+    beta: torch.distributions.Beta, u01: torch.Tensor | None, n: int, device: torch.device
+) -> torch.Tensor:
+    """Beta samples; with ``u01`` (uniforms from the caller's generator) through the inverse CDF, so seeded losses
+    are reproducible (torch's Beta sampler takes no generator). Beta(a, 1) has CDF x^a (exact inverse); other
+    shapes invert a fine numeric CDF."""
+    if u01 is None:
+        return beta.sample((n,)).to(device)
+    a, b = float(beta.concentration1), float(beta.concentration0)
+    if b == 1.0:
+        return u01.clamp(1e-12, 1.0) ** (1.0 / a)
+    grid = torch.linspace(0.0, 1.0, 8193, device=u01.device, dtype=torch.float64)[1:-1]
+    cdf = torch.cumsum(grid ** (a - 1) * (1 - grid) ** (b - 1), 0)
+    idx = torch.searchsorted(cdf / cdf[-1], u01.double()).clamp(max=len(grid) - 1)
+    return grid[idx].to(u01.dtype)
+
+
+POLICIES.register("flow_vla", FlowVLA)
