@@ -139,7 +139,7 @@ def test_adding_an_embodiment_leaves_the_others_unchanged() -> None:
 def test_embodiment_id_outside_table_is_a_clear_error(model) -> None:
     batch = synthetic_batch(model)
     batch.embodiment_id = batch.embodiment_id + 5
-    with pytest.raises(ValueError, match="embodiment_ids=model.embodiment_ids"):
+    with pytest.raises(ValueError, match=r"embodiment_ids=model\.embodiment_ids"):
         model.sample_actions(batch)
 
 

@@ -26,6 +26,8 @@ from vla.data.standardize import StdEpisode
 from vla.data.stats import RunningStats, compute_stats, default_stats_paths, find_stats, write_stats
 from vla.embodiments.spec import EmbodimentSpec
 
+from fakes import FakeReader
+
 BINS = 2048  # fewer bins than the default, so the accuracy bound below is actually exercised
 
 
@@ -349,39 +351,6 @@ def test_make_normalize_fn_caches_per_embodiment_and_dataset() -> None:
 
 
 # ---- compute_stats over (fake) datasets ------------------------------------------------------------------------
-class FakeReader(DatasetReader):
-    """In-memory episodes: ``data[split][ep]`` is float32 ``[T, 5]`` (3 state dims, 2 action dims)."""
-
-    format = "fake"
-
-    def __init__(self, path: Path, name: str, episodes: dict[str, list[np.ndarray]]) -> None:
-        super().__init__(path)
-        self._name, self.data = name, episodes
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def splits(self) -> list[str]:
-        return list(self.data)
-
-    def num_episodes(self, split: str) -> int:
-        return len(self.data[split])
-
-    def episode_length(self, split: str, episode: int) -> int:
-        return len(self.data[split][episode])
-
-    def features(self) -> dict[str, FeatureInfo]:
-        return {"x": FeatureInfo("x", "tensor", "float32", (5,))}
-
-    def read_episode(self, split: str, episode: int) -> RawEpisode:
-        x = self.data[split][episode]
-        return RawEpisode(split, episode, len(x), {"x": x})
-
-    def read_images(self, split: str, episode: int, frames: object, keys: object) -> dict[str, np.ndarray]:
-        return {}
-
-
 def fake_standardize(reader: DatasetReader, split: str, episode: int) -> StdEpisode:
     x = reader.read_episode(split, episode).steps["x"]
     return StdEpisode(
@@ -398,11 +367,15 @@ def _reader(tmp_path: Path, name: str = "ds", seed: int = 0, n_eps: int = 12) ->
         for s in ("train", "val")
     }
     (tmp_path / name).mkdir(exist_ok=True)
-    return FakeReader(tmp_path / name, name, eps)
+    episodes = {s: [RawEpisode(s, i, len(x), {"x": x}) for i, x in enumerate(xs)] for s, xs in eps.items()}
+    features = {"x": FeatureInfo("x", "tensor", "float32", (5,))}  # 3 state dims, 2 action dims
+    return FakeReader(name, episodes, features, path=tmp_path / name)
 
 
 def _all(reader: FakeReader) -> np.ndarray:
-    return np.concatenate([e for s in reader.splits() for e in reader.data[s]]).astype(np.float64)
+    return np.concatenate([e.steps["x"] for s in reader.splits() for e in reader.episodes[s]]).astype(
+        np.float64
+    )
 
 
 def test_compute_stats_one_pass_over_all_splits(tmp_path: Path) -> None:

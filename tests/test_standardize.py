@@ -1,14 +1,13 @@
 """Standardization: a contract test over every registered key map, the conversions, DROID options, errors, the
 generic LeRobot map, and the genuine Bridge RLDS fixture.
 
-``FakeReader`` is an in-memory implementation of the ``DatasetReader`` contract (a test double of the reader,
-not of the code under test); fake episodes are built from each key map's declared raw features.
+``FakeReader`` (tests/fakes.py) is an in-memory implementation of the ``DatasetReader`` contract (a test double of
+the reader, not of the code under test); fake episodes are built from each key map's declared raw features.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 
 from vla.data.keymaps import KEYMAPS, KeyMap, KeyMapError, Part, parse_feature_type, raw, zeros
 from vla.data.keymaps.lerobot import assign_camera_slots, camera_slot, generic_keymap_reason
-from vla.data.readers.base import DatasetReader, FeatureInfo, RawEpisode
+from vla.data.readers.base import FeatureInfo, RawEpisode
 from vla.data.standardize import (
     GRIPPER_FNS,
     FrameDroppedError,
@@ -32,58 +31,9 @@ from vla.data.standardize import (
 from vla.embodiments import get_embodiment
 from vla.types import IMAGE_SLOTS
 
+from fakes import FakeReader
+
 PROMPT = "put the cup in the sink"
-
-
-class FakeReader(DatasetReader):
-    """In-memory reader: ``episodes[split]`` lists ``RawEpisode``s; images are constant 8x8 frames."""
-
-    format = "fake"
-
-    def __init__(
-        self,
-        name: str,
-        episodes: dict[str, list[RawEpisode]],
-        features: dict[str, FeatureInfo],
-        robot_type: str | None = None,
-        fps: float | None = None,
-        fmt: str = "fake",
-    ) -> None:
-        super().__init__(f"/fake/{name}")
-        self._name, self.episodes, self._features = name, episodes, features
-        self._robot_type, self._fps, self.format = robot_type, fps, fmt
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def robot_type(self) -> str | None:
-        return self._robot_type
-
-    @property
-    def fps(self) -> float | None:
-        return self._fps
-
-    def splits(self) -> list[str]:
-        return list(self.episodes)
-
-    def num_episodes(self, split: str) -> int:
-        return len(self.episodes[split])
-
-    def episode_length(self, split: str, episode: int) -> int:
-        return self.episodes[split][episode].length
-
-    def features(self) -> dict[str, FeatureInfo]:
-        return self._features
-
-    def read_episode(self, split: str, episode: int) -> RawEpisode:
-        return self.episodes[split][episode]
-
-    def read_images(
-        self, split: str, episode: int, frames: Sequence[int], keys: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        return {k: np.full((len(frames), 8, 8, 3), 7 + i, dtype=np.uint8) for i, k in enumerate(keys)}
 
 
 def _unit_range_columns(km: KeyMap) -> dict[str, list[int]]:

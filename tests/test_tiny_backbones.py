@@ -132,7 +132,7 @@ def test_tokenizer_special_tokens_follow_the_real_families(tmp_path: Path) -> No
     assert gemma("pick up the cup").input_ids[0] == gemma.bos_token_id  # Gemma prepends <bos>
     assert gemma.convert_tokens_to_ids("<image>") == len(gemma) - 1  # after the loc/seg tokens, as on the hub
     loc = gemma.convert_tokens_to_ids(["<loc0000>", "<loc1023>", "<seg000>", "<seg127>"])
-    assert loc == list(range(loc[0], loc[0] + 1024, 1023)) + [loc[0] + 1024, loc[0] + 1151]
+    assert [i - loc[0] for i in loc] == [0, 1023, 1024, 1151]  # 1024 <locNNNN>, then 128 <segNNN>
 
     for tok in (smol, gemma):
         assert len(tok) <= 2048

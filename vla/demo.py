@@ -33,8 +33,14 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
 
     t0 = time.perf_counter()
     work = Path(workdir)
+    marker = work / ".vla_demo"  # only a folder an earlier demo made is wiped: --workdir may be any path
+    if work.exists() and any(work.iterdir()) and not marker.is_file():
+        raise FileExistsError(
+            f"--workdir {work} is not empty and was not made by 'vla demo'; pass a new or empty folder"
+        )
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    marker.write_text("made by vla demo; the next run wipes and rewrites this folder\n")
 
     _say("1. write datasets (LeRobot v3.0 with AV1 video; RLDS in DROID's published layout)")
     widowx = make_lerobot_dataset(

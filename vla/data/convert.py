@@ -73,7 +73,9 @@ def convert_dataset(
         from vla.embodiments import get_embodiment
 
         spec = get_embodiment(keymap.embodiment)
-        first = next((s, e) for s in splits for e in range(reader.num_episodes(s)))
+        first = next(((s, e) for s in splits for e in range(reader.num_episodes(s))), None)
+        if first is None:
+            raise ValueError(f"{reader.path}: no episodes in split(s) {splits}; nothing to convert")
         probe = reader.read_images(first[0], first[1], [0], list(keymap.cameras.values()))
         features: dict[str, dict[str, Any]] = {
             "observation.state": {"dtype": "float32", "shape": [spec.state_dim], "names": spec.state_names()},

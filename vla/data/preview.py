@@ -14,7 +14,7 @@ from vla.data.readers import open_dataset
 from vla.data.transforms import resize_images
 
 CAMERA_HEIGHT = 192
-CHUNK = 32  # frames decoded per read_images call (bounded memory on long episodes)
+CHUNK = 32  # frames decoded per read_images call (the composed preview frames are all kept until written)
 
 
 def _lowdim_traces(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -126,22 +126,12 @@ def preview_episode(
 
 
 def _write_mp4(out: Path, frames: list[np.ndarray], fps: float) -> None:
-    from fractions import Fraction
-
-    import av
+    from vla.data.video_encode import VideoEncoder
 
     h, w = frames[0].shape[:2]
     h2, w2 = h - h % 2, w - w % 2  # yuv420p needs even sizes
-    with av.open(str(out), "w") as container:
-        stream = container.add_stream(
-            "libx264" if "libx264" in av.codecs_available else "h264",
-            rate=Fraction(fps).limit_denominator(1000),
-        )
-        stream.width, stream.height, stream.pix_fmt = w2, h2, "yuv420p"
-        for f in frames:
-            for packet in stream.encode(
-                av.VideoFrame.from_ndarray(np.ascontiguousarray(f[:h2, :w2]), format="rgb24")
-            ):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    # x264's own defaults (keyframe every 250, CRF 23): a preview is watched front to back, not random-accessed
+    encoder = VideoEncoder(out, fps, h2, w2, vcodec="h264", gop=250, crf=23)
+    for f in frames:
+        encoder.write(np.ascontiguousarray(f[:h2, :w2]))
+    encoder.close()

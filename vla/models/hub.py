@@ -110,9 +110,14 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         stats = StatsFile.load(root / "norm_stats.json")
     backbone = VLMBackbone.from_config(cfg.backbone, weights=False, path=str(root / "backbone"))
     model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
-    missing, unexpected = load_model(
-        model, str(root / "model.safetensors"), strict=False, device=str(map_location)
-    )
+    try:
+        missing, unexpected = load_model(
+            model, str(root / "model.safetensors"), strict=False, device=str(map_location)
+        )
+    except RuntimeError as e:  # shape mismatches
+        raise ValueError(
+            f"{root / 'model.safetensors'} does not match the architecture in config.json: {e}"
+        ) from e
     if missing or unexpected:
         raise ValueError(
             f"{root / 'model.safetensors'} does not match the architecture in config.json: "

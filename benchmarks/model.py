@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Model speed and memory, side by side with LeRobot 0.6.1's SmolVLA at exactly the config ../shared/peer/ uses
+(one JSON line).
+
+Config (both sides): SmolVLM-family backbone, vision 384 x 4 layers at 224 px, text 576 x 8 layers, the full
+49,280-token vocabulary, random init; expert 0.75x width x 8 layers; two 96x128 cameras resized to 224; state 8,
+action 7, chunk 50, prompt <= 48 tokens; backbone frozen (expert, projections and heads trained).
+Measured: a training step (forward + backward + grad-clip + AdamW + LR-scheduler step, batch 8) in fp32 and with
+bf16 autocast, and one-chunk inference (batch 1, 10 flow steps) in fp32 and bf16, each with its peak RSS; every
+measurement in its own subprocess. Model FLOPs utilisation is not reported (the peak matmul rate is in DESIGN §10).
+
+    .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PEER_DIR = REPO.parent / "shared" / "peer"
+PEER_VENV = Path(os.environ.get("PEER_VENV", Path(os.environ.get("TMPDIR", "/tmp")) / "peer-venv"))
+TASKS = [
+    "pick up the red cube and place it in the bowl",
+    "open the top drawer and push the blue block inside",
+]
+STATE, ACTION, CHUNK, H, W = 8, 7, 50, 96, 128
+
+BENCH_SPEC = {
+    "name": "bench_arm",
+    "robot": "synthetic_7dof",
+    "control_hz": 10,
+    "chunk_length": CHUNK,
+    "cameras": {"primary": {"height": H, "width": W}, "wrist": {"height": H, "width": W}},
+    "state": [{"name": "joints", "kind": "joint_pos", "dims": [f"s{i}" for i in range(STATE)]}],
+    "action": [{"name": "joints", "kind": "joint_pos", "dims": [f"a{i}" for i in range(ACTION)]}],
+}
+
+
+def stats3(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(batch_size: int):
+    import torch
+
+    from vla.embodiments import EmbodimentSpec
+    from vla.models.config import load_model_config
+    from vla.models.policies.flow_vla import FlowVLA
+    from vla.types import Batch
+
+    cfg = load_model_config("bench_smolvla")
+    torch.manual_seed(0)
+    model = FlowVLA(cfg, [EmbodimentSpec.from_dict(BENCH_SPEC)])
+    g = torch.Generator().manual_seed(1234)
+    images = {
+        k: torch.randint(0, 256, (batch_size, 1, H, W, 3), generator=g, dtype=torch.uint8)
+        for k in ("primary", "wrist")
+    }
+    batch = Batch(
+        images=images, image_mask={k: torch.ones(batch_size, dtype=torch.bool) for k in images},
+        state=torch.randn(batch_size, STATE, generator=g), state_mask=torch.ones(batch_size, STATE, dtype=torch.bool),
+        actions=torch.randn(batch_size, CHUNK, ACTION, generator=g), action_mask=torch.ones(batch_size, ACTION, dtype=torch.bool),
+        action_is_pad=torch.zeros(batch_size, CHUNK, dtype=torch.bool), prompt=[TASKS[i % 2] for i in range(batch_size)],
+        embodiment_id=torch.zeros(batch_size, dtype=torch.int64),
+    )  # fmt: skip
+    return model, batch
+
+
+def child_train(job: dict) -> dict:
+    from contextlib import nullcontext
+
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    model, batch = build(job["batch"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=1e-10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 1000))
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if job["amp"] == "bf16" else nullcontext()
+    model.train()
+    times, losses = [], []
+    for i in range(job["warmup"] + job["iters"]):
+        t0 = time.perf_counter()
+        with amp:
+            loss, _ = model.loss(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 10.0)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        dt = time.perf_counter() - t0
+        losses.append(float(loss))
+        if i >= job["warmup"]:
+            times.append(dt)
+    counts = model.parameter_counts()
+    s = stats3(times)
+    return {
+        "batch": job["batch"],
+        "amp": job["amp"],
+        "s_per_step": s,
+        "samples_per_s": job["batch"] / s["median"],
+        "loss_first_last": [losses[0], losses[-1]],
+        "params_total": counts["all"]["total"],
+        "params_trainable": counts["all"]["trainable"],
+        "params_by_part": counts,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def child_infer(job: dict) -> dict:
+    from contextlib import nullcontext
+
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    model, batch = build(1)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if job["amp"] == "bf16" else nullcontext()
+    model.eval()
+    times = []
+    for i in range(job["warmup"] + job["iters"]):
+        t0 = time.perf_counter()
+        with amp:
+            out = model.sample_actions(batch, num_steps=10)
+        dt = time.perf_counter() - t0
+        if i >= job["warmup"]:
+            times.append(dt)
+    return {
+        "amp": job["amp"],
+        "chunk_shape": [1, CHUNK, ACTION],
+        "model_output_shape": list(out.shape),
+        "s_per_chunk": stats3(times),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def run_child(job: dict) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, __file__, "_child", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": (proc.stderr or proc.stdout)[-3000:]}
+
+
+def run_peer(args: argparse.Namespace) -> dict:
+    py = PEER_VENV / "bin" / "python"
+    if not py.exists():
+        return {
+            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
+        }
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / "vla_peer_model.json"
+    proc = subprocess.run(
+        [
+            str(py),
+            str(PEER_DIR / "peer_lerobot_bench.py"),
+            "bench",
+            "--only",
+            "smolvla",
+            "--iters",
+            str(args.iters),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=3600,
+    )
+    if proc.returncode != 0 or not out.exists():
+        return {"error": proc.stderr[-3000:]}
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cmd", nargs="?", default="bench", choices=["bench", "_child"])
+    ap.add_argument("job", nargs="?")
+    ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    if args.cmd == "_child":
+        job = json.loads(args.job)
+        fn = child_train if job["kind"] == "train" else child_infer
+        print("RESULT " + json.dumps(fn(job)), flush=True)
+        return
+    from vla.models.tiny import tiny_backbone_path
+
+    tiny_backbone_path("smolvlm", "bench")  # build once, outside the timed children
+    common = {"threads": args.threads, "iters": args.iters, "warmup": args.warmup}
+    res: dict = {
+        "benchmark": "model",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpu_count": os.cpu_count(),
+        "config": "configs/model/bench_smolvla.yaml",
+        "ours": {},
+    }
+    for amp in ("fp32", "bf16"):
+        res["ours"][f"train_b8_{amp}"] = run_child({"kind": "train", "batch": 8, "amp": amp, **common})
+    for amp in ("fp32", "bf16"):
+        res["ours"][f"infer_b1_{amp}"] = run_child(
+            {"kind": "infer", "amp": amp, **common, "iters": 2 * args.iters}
+        )
+    if not args.skip_peer:
+        peer = run_peer(args)
+        res["peer_lerobot"] = peer
+        ratios = {}
+        for amp in ("fp32", "bf16"):
+            p = peer.get(f"smolvla_train_b8_{amp}", {}).get("s_per_step", {}).get("median")
+            o = res["ours"][f"train_b8_{amp}"].get("s_per_step", {}).get("median")
+            if p and o:
+                ratios[f"train_{amp}_speedup"] = p / o
+                ratios[f"train_{amp}_peak_rss_ratio_ours_over_peer"] = (
+                    res["ours"][f"train_b8_{amp}"]["peak_rss_mb"]
+                    / peer[f"smolvla_train_b8_{amp}"]["peak_rss_mb"]
+                )
+            p = peer.get(f"smolvla_infer_b1_{amp}", {}).get("s_per_chunk", {}).get("median")
+            o = res["ours"][f"infer_b1_{amp}"].get("s_per_chunk", {}).get("median")
+            if p and o:
+                ratios[f"infer_{amp}_speedup"] = p / o
+                ratios[f"infer_{amp}_peak_rss_ratio_ours_over_peer"] = (
+                    res["ours"][f"infer_b1_{amp}"]["peak_rss_mb"]
+                    / peer[f"smolvla_infer_b1_{amp}"]["peak_rss_mb"]
+                )
+        res["speedup"] = ratios
+    line = json.dumps(res, separators=(",", ":"))
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
