@@ -1,9 +1,10 @@
 """``vla demo`` (``make demo``): the end-to-end tour on embedded defaults, no downloads, a few seconds on a CPU.
 
-What exists today is the data layer, so the tour is: write a small two-robot dataset with our LeRobot v3 writer
-(plus an RLDS export in the DROID layout), inspect it, validate it, compute normalization stats, convert the RLDS
-export to LeRobot, render a preview, and stream mixed-embodiment training batches through the loader. It ends by
-saying which parts of the pipeline are not built yet.
+The tour: write a small two-robot dataset with our LeRobot v3 writer (plus an RLDS export in the DROID layout),
+inspect it, validate it, compute normalization stats, convert the RLDS export to LeRobot, render a preview, stream
+mixed-embodiment training batches through the loader, then build the VLA (a tiny SmolVLM backbone of the real
+classes, built locally), take a few optimizer steps on those batches, sample action chunks and save a checkpoint.
+It ends by saying which parts of the pipeline are not built yet.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     from vla.data.writers.synthetic import make_lerobot_dataset
 
     t0 = time.perf_counter()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the tour prints its own progress
     work = Path(workdir)
     marker = work / ".vla_demo"  # only a folder an earlier demo made is wiped: --workdir may be any path
     if work.exists() and any(work.iterdir()) and not marker.is_file():
@@ -127,10 +131,43 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
             break
     print(f"loader state after 5 batches: {loader.state_dict()['batches_done']} batches done (resumable)")
 
+    _say(
+        "9. model: tiny SmolVLM backbone + flow-matching expert + per-embodiment heads (vla model init/info)"
+    )
+    import torch
+
+    from vla.models.hub import from_pretrained, init_checkpoint
+
+    ckpt = init_checkpoint("tiny_smolvlm", work / "model_init", embodiments=sorted(loader.embodiment_ids))
+    model = from_pretrained(ckpt)
+    counts = model.parameter_counts()["all"]
+    print(f"wrote {ckpt}: {counts['total']:,} parameters ({counts['trainable']:,} trainable)")
+    cfg = load_config(
+        DataConfig,
+        {"datasets": [str(widowx), str(droid)], "batch_size": 8, "chunk_length": 8, "image_size": 64},
+    )
+    loader = build_loader(cfg, embodiment_ids=model.embodiment_ids)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model.train()
+    for step, batch in enumerate(loader):
+        loss, metrics = model.loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 4 == 0:
+            print(f"step {step:2d}  " + "  ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        if step == 11:
+            break
+    model.eval()
+    actions = model.sample_actions(batch, generator=torch.Generator().manual_seed(0))
+    print(f"sampled action chunks {list(actions.shape)} (10 Euler steps, prefix computed once)")
+    saved = model.save_pretrained(work / "model_trained")
+    print(f"saved {saved} (model card: {saved / 'README.md'})")
+
     _say("not built yet")
     print(
-        "model (VLM backbone + flow-matching action expert), training, serving, simulation and evaluation are"
+        "the training loop (accelerate, LoRA, checkpoints/resume), serving, simulation and evaluation are open"
     )
-    print("open issues; this tour will grow into pretrain -> fine-tune -> serve -> evaluate as they land.")
+    print("issues; this tour will grow into pretrain -> fine-tune -> serve -> evaluate as they land.")
     print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; outputs in {work}")
     return 0
