@@ -783,11 +783,13 @@ def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     sections = [m.group(1) for m in re.finditer(r"^== (.+)$", out, re.M)]
-    assert [s.split(".")[0] for s in sections[:-1]] == [str(i) for i in range(1, 9)], sections
+    assert [s.split(".")[0] for s in sections[:-1]] == [str(i) for i in range(1, 10)], sections
     assert sections[-1] == "not built yet"
     tail = out.split("== not built yet", 1)[1]
-    for part in ("model", "training", "serving", "simulation", "evaluation"):
+    for part in ("training loop", "serving", "simulation", "evaluation"):
         assert part in tail
+    assert re.search(r"step  8  loss=[\d.]+", out) and "sampled action chunks [8, 8, 32]" in out
+    assert (workdir / "model_trained" / "model.safetensors").is_file()
     assert re.search(r"demo finished in [\d.]+ s", tail)
     assert "widowx_demo: 0 problem(s)" in out and "droid_100: 0 problem(s)" in out
     assert (workdir / "widowx_ep0.mp4").stat().st_size > 0

@@ -12,15 +12,20 @@ import torch
 import yaml
 
 from vla.config import AugmentConfig, DataConfig, load_config
+from vla.data.collate import collate
+from vla.data.keymaps import KeyMap, raw, zeros
 from vla.data.loader import build_loader
 from vla.data.normalize import Normalizer, StatsFile
 from vla.data.readers import open_dataset
+from vla.data.readers.base import FeatureInfo, RawEpisode
 from vla.data.standardize import standardize_episode
 from vla.data.stats import write_stats
 from vla.data.windows import WindowDataset, build_source
 from vla.data.writers.synthetic import decode_frame_code, make_lerobot_dataset
 from vla.embodiments import get_embodiment
 from vla.types import Batch
+
+from fakes import FakeReader
 
 LENGTHS = [12, 9, 15]
 
@@ -143,6 +148,38 @@ def test_windows_never_splice_across_a_gap_in_the_kept_frames(data_root: Path) -
     after = ds[5]  # raw frame 8: history 7, 8 (7 repeated, not 3); chunk 8..11 then the episode end
     assert [decode_frame_code(img)[1] for img in after["images"]["primary"].numpy()] == [7, 7, 8]
     assert after["action_is_pad"].tolist() == [False, False, False, False, True]
+
+
+def test_state_dims_a_dataset_does_not_record_are_masked_and_zeroed() -> None:
+    """A key map's documented-zero state dims (toto has no gripper reading) are not real state for the model."""
+    km = KeyMap(
+        dataset="no_gripper_reading", embodiment="franka_oxe_joint", cameras={"primary": "image"},
+        language="instruction", control_hz=10, action_space="eef_delta",
+        state=(raw("joints"), zeros(1)), action=(raw("action"),),
+        features={"joints": "float32[7]", "action": "float32[7]", "instruction": "string"},
+    )  # fmt: skip
+    steps = {
+        "joints": np.ones((6, 7), np.float32),
+        "action": np.zeros((6, 7), np.float32),
+        "instruction": np.array(["wipe"] * 6, dtype=object),
+    }
+    feats = {
+        "joints": FeatureInfo("joints", "tensor", "float32", (7,)),
+        "action": FeatureInfo("action", "tensor", "float32", (7,)),
+        "instruction": FeatureInfo("instruction", "string", "str", ()),
+        "image": FeatureInfo("image", "image", "uint8", (8, 8, 3)),
+    }
+    reader = FakeReader(km.dataset, {"train": [RawEpisode("train", 0, 6, steps)]}, feats)
+    cfg = load_config(
+        DataConfig, {"datasets": ["unused"], "image_size": 0, "normalize": False, "batch_size": 2}
+    )
+    ds = WindowDataset([build_source(reader, "train", km)], cfg, normalize=lambda e, d, w, x: x + 5.0)
+    batch = collate([ds[0], ds[1]], {"franka_oxe_joint": 0})
+    batch.validate()
+    assert batch.state_mask.tolist() == [[True] * 7 + [False]] * 2
+    assert (
+        batch.state[:, 7].tolist() == [0.0, 0.0] and batch.state[0, 0] == 6.0
+    )  # normalized (+5), then zeroed
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -43,7 +43,7 @@ def collate(samples: Sequence[dict[str, Any] | None], embodiment_ids: dict[str, 
     for i, s in enumerate(good):
         sd, (h, a) = len(s["state"]), s["actions"].shape
         state[i, :sd] = torch.from_numpy(s["state"])
-        state_mask[i, :sd] = True
+        state_mask[i, :sd] = torch.from_numpy(np.asarray(s.get("state_valid", True), dtype=bool))
         actions[i, :h, :a] = torch.from_numpy(s["actions"])
         action_mask[i, :a] = True
         is_pad[i, :h] = torch.from_numpy(np.asarray(s["action_is_pad"]))

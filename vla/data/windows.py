@@ -84,7 +84,8 @@ class WindowDataset(Dataset):
     """Map-style dataset over every kept frame of several sources; item ``i`` is one training sample.
 
     A sample is a dict of numpy/torch values for ``collate``: ``images[slot]`` uint8 ``[T_obs, h, w, 3]``,
-    ``state`` float32 ``[S]``, ``actions`` float32 ``[H, A]``, ``action_is_pad`` bool ``[H]``, ``prompt``,
+    ``state`` float32 ``[S]`` with ``state_valid`` bool ``[S]`` (False on dims the dataset does not record),
+    ``actions`` float32 ``[H, A]``, ``action_is_pad`` bool ``[H]``, ``prompt``,
     ``embodiment``, and bookkeeping (dataset, episode, frame).
     """
 
@@ -199,9 +200,13 @@ class WindowDataset(Dataset):
             if gen is not None:
                 img = augment_images(img, cfg.augment, gen)
             images[slot] = img
+        # state dims the key map pads with a constant (the dataset does not record them) are not real state:
+        # zero them (as batch padding is) and let collate mask them out
+        state_valid = np.asarray(std.metadata.get("state_valid", [True] * std.state.shape[1]), dtype=bool)
         return {
             "images": images,
-            "state": np.ascontiguousarray(std.state[pos], dtype=np.float32),
+            "state": np.where(state_valid, std.state[pos], 0.0).astype(np.float32),
+            "state_valid": state_valid,
             "actions": np.ascontiguousarray(actions, dtype=np.float32),
             "action_is_pad": is_pad,
             "prompt": std.prompt[pos],
