@@ -14,7 +14,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "VLA_TINY_CACHE" not in os.environ:  # tiny backbones are built per test session, never into the user's home
+if (
+    "VLA_TINY_CACHE" not in os.environ
+):  # tiny backbones are built per test session, never into the user's home
     import tempfile
 
     os.environ["VLA_TINY_CACHE"] = tempfile.mkdtemp(prefix="vla-tiny-")

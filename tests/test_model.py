@@ -181,3 +181,55 @@ def test_tiny_model_overfits_two_episodes(tmp_path: Path) -> None:
         loss.backward()
         opt.step()
     assert eval_loss() < 0.05 * initial
+
+
+def test_cli_model_init_and_info(tmp_path: Path, capsys) -> None:
+    from vla.cli import main
+    from vla.data.stats import write_stats
+
+    data = make_lerobot_dataset(
+        tmp_path / "d",
+        num_episodes=2,
+        episode_length=6,
+        state_dim=7,
+        action_dim=7,
+        cameras={"primary": (32, 40)},
+        robot_type="widowx_bridge",
+        video=False,
+    )
+    write_stats(data, progress=False)
+    out = tmp_path / "ckpt"
+    assert (
+        main(
+            [
+                "model",
+                "init",
+                "tiny_smolvlm",
+                "--out",
+                str(out),
+                "--embodiment",
+                "widowx_bridge",
+                "--stats-from",
+                str(data),
+                "--set",
+                "flow.num_steps=4",
+            ]
+        )
+        == 0
+    )
+    model = from_pretrained(out)
+    assert model.cfg.flow.num_steps == 4 and list(model.embodiment_ids) == ["widowx_bridge"]
+    assert model.norm_stats is not None and model.norm_stats.get("widowx_bridge", "action") is not None
+    capsys.readouterr()
+    assert main(["model", "info", str(out), "--json"]) == 0
+    import json
+
+    info = json.loads(capsys.readouterr().out)
+    counts = info["parameters"]
+    assert counts["all"]["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["all"]["total"] == sum(v["total"] for k, v in counts.items() if k != "all")
+    assert main(["model", "info", "tiny_smolvlm", "--embodiment", "franka_droid"]) == 0
+    text = capsys.readouterr().out
+    assert "expert" in text and "franka_droid" in text
+    assert main(["model", "init", "tiny_smolvl", "--out", str(tmp_path / "x")]) == 2
+    assert "Did you mean tiny_smolvlm" in capsys.readouterr().err

@@ -235,14 +235,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--stats-from", default=None, help="dataset whose `vla data stats` file goes into the checkpoint"
     )
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. flow.num_steps=5")
+    s.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted config override, repeatable (e.g. --set flow.num_steps=5)",
+    )
     s.set_defaults(fn=cmd_model_init)
 
     s = model.add_parser("info", help="parameter counts per component of a config or checkpoint")
     s.add_argument("target", help="preset name, YAML file or checkpoint folder")
     s.add_argument("--embodiment", action="append")
     s.add_argument("--json", action="store_true")
-    s.add_argument("overrides", nargs="*")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.set_defaults(fn=cmd_model_info)
 
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
