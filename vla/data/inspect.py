@@ -1,9 +1,9 @@
 """``vla data info`` and ``vla data show``: what a dataset holds, and one step of it exactly as stored.
 
-``show_frame`` implements the CLI's JSON contract (other tools parse it): ``format``, ``split``, ``episode``,
+``show_frame`` implements the CLI's JSON contract (other tools parse it): ``path``, ``format``, ``split``, ``episode``,
 ``frame``, ``num_frames``, ``episode_metadata``, ``raw`` (every field of the step under its stored name; images
 summarized as ``{"shape": [H, W, C], "mean": ...}``) and ``standardized`` (the canonical frame; absent when the
-dataset has no registered key map).
+dataset has no registered key map; ``null`` plus ``standardized_note`` saying why when the key map drops the frame).
 """
 
 from __future__ import annotations
