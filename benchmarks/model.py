@@ -6,7 +6,8 @@ Config (both sides): SmolVLM-family backbone, vision 384 x 4 layers at 224 px, t
 49,280-token vocabulary, random init; expert 0.75x width x 8 layers; two 96x128 cameras resized to 224; state 8,
 action 7, chunk 50, prompt <= 48 tokens; backbone frozen (expert, projections and heads trained).
 Measured: a training step (forward + backward + grad-clip + AdamW + LR-scheduler step, batch 8) in fp32 and with
-bf16 autocast, and one-chunk inference (batch 1, 10 flow steps) in fp32 and bf16, each with its peak RSS; every
+bf16 autocast, and one-chunk inference (batch 1, 10 flow steps) in fp32 and bf16 autocast (both sides), plus our
+serving mode (``prepare_inference``: bf16 weights, optionally a compiled expert), each with its peak RSS; every
 measurement in its own subprocess. Model FLOPs utilisation is not reported (the peak matmul rate is in DESIGN §10).
 
     .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--out FILE.json]
@@ -128,6 +129,15 @@ def child_infer(job: dict) -> dict:
     model, batch = build(1)
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if job["amp"] == "bf16" else nullcontext()
     model.eval()
+    compile_s = None
+    if job["amp"].startswith(
+        "bf16_weights"
+    ):  # serving mode: weights in bf16 (no per-op casts), optional compile
+        amp = nullcontext()
+        t0 = time.perf_counter()
+        model.prepare_inference("bfloat16", compile=job["amp"].endswith("compiled"))
+        model.sample_actions(batch, num_steps=10)  # compile (if any) happens here, outside the timing
+        compile_s = time.perf_counter() - t0
     times = []
     for i in range(job["warmup"] + job["iters"]):
         t0 = time.perf_counter()
@@ -138,6 +148,7 @@ def child_infer(job: dict) -> dict:
             times.append(dt)
     return {
         "amp": job["amp"],
+        "prepare_s": compile_s,
         "chunk_shape": [1, CHUNK, ACTION],
         "model_output_shape": list(out.shape),
         "s_per_chunk": stats3(times),
@@ -221,7 +232,7 @@ def main() -> None:
     }
     for amp in ("fp32", "bf16"):
         res["ours"][f"train_b8_{amp}"] = run_child({"kind": "train", "batch": 8, "amp": amp, **common})
-    for amp in ("fp32", "bf16"):
+    for amp in ("fp32", "bf16", "bf16_weights", "bf16_weights_compiled"):
         res["ours"][f"infer_b1_{amp}"] = run_child(
             {"kind": "infer", "amp": amp, **common, "iters": 2 * args.iters}
         )
@@ -246,6 +257,14 @@ def main() -> None:
                     res["ours"][f"infer_b1_{amp}"]["peak_rss_mb"]
                     / peer[f"smolvla_infer_b1_{amp}"]["peak_rss_mb"]
                 )
+        p = peer.get("smolvla_infer_b1_fp32", {}).get("s_per_chunk", {}).get("median")
+        pb = peer.get("smolvla_infer_b1_bf16", {}).get("s_per_chunk", {}).get("median")
+        for mode in ("bf16_weights", "bf16_weights_compiled"):
+            o = res["ours"][f"infer_b1_{mode}"].get("s_per_chunk", {}).get("median")
+            if p and o:
+                ratios[f"infer_{mode}_vs_peer_fp32_speedup"] = p / o
+            if pb and o:
+                ratios[f"infer_{mode}_vs_peer_bf16_speedup"] = pb / o
         res["speedup"] = ratios
     line = json.dumps(res, separators=(",", ":"))
     if args.out:

@@ -233,3 +233,58 @@ def test_cli_model_init_and_info(tmp_path: Path, capsys) -> None:
     assert "expert" in text and "franka_droid" in text
     assert main(["model", "init", "tiny_smolvl", "--out", str(tmp_path / "x")]) == 2
     assert "Did you mean tiny_smolvlm" in capsys.readouterr().err
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients() -> None:
+    batch = None
+    grads = []
+    for ckpt in (False, True):
+        m = tiny_model(
+            "smolvlm",
+            seed=0,
+            backbone={"pretrained": "tiny:smolvlm", "freeze_vision": False, "gradient_checkpointing": ckpt},
+        ).train()
+        batch = batch or synthetic_batch(m)
+        loss, _ = m.loss(batch, generator=torch.Generator().manual_seed(9))
+        loss.backward()
+        grads.append(
+            (loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+        )
+    (l0, g0), (l1, g1) = grads
+    assert torch.allclose(l0, l1, atol=1e-6)
+    assert g0.keys() == g1.keys() and any(k.startswith("backbone.layers") for k in g0)
+    for k in g0:
+        torch.testing.assert_close(g0[k], g1[k], atol=1e-5, rtol=1e-4)
+
+
+def test_frozen_backbone_trains_only_expert_and_heads() -> None:
+    m = tiny_model(
+        "smolvlm", backbone={"pretrained": "tiny:smolvlm", "freeze_vision": True, "freeze_language": True}
+    )
+    counts = m.parameter_counts()
+    assert counts["vision"]["trainable"] == counts["language"]["trainable"] == 0
+    assert counts["embodiment_tokens"]["trainable"] == 0  # unreachable through frozen layers (see FlowVLA)
+    assert counts["expert"]["trainable"] == counts["expert"]["total"] > 0
+    loss, _ = m.train().loss(synthetic_batch(m), generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    assert all(p.grad is None for p in m.backbone.parameters())
+    assert all(p.grad is not None for p in m.expert.parameters())
+
+
+@pytest.mark.slow
+def test_compiled_expert_matches_eager() -> None:
+    eager = tiny_model("smolvlm", seed=0)
+    compiled = tiny_model("smolvlm", seed=0, expert={"compile": True})
+    batch = synthetic_batch(eager)
+    a = eager.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+    b = compiled.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_inference_is_close_to_fp32() -> None:
+    m = tiny_model("smolvlm")
+    batch = synthetic_batch(m)
+    ref = m.sample_actions(batch, generator=torch.Generator().manual_seed(0))
+    out = m.prepare_inference("bfloat16").sample_actions(batch, generator=torch.Generator().manual_seed(0))
+    assert out.dtype == torch.float32 and next(m.expert.parameters()).dtype == torch.bfloat16
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()

@@ -157,7 +157,7 @@ class VLMBackbone(nn.Module):
 
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 ``[N, H, W, 3]`` -> image tokens ``[N, n_tok, D]`` (resize, normalize, vision tower, projector)."""
-        x = images.permute(0, 3, 1, 2).to(self.pixel_mean.dtype) / 255.0
+        x = images.permute(0, 3, 1, 2).float() / 255.0  # resize in float32 (antialiasing has no bf16 kernel)
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = F.interpolate(
                 x,
@@ -166,7 +166,7 @@ class VLMBackbone(nn.Module):
                 antialias=True,
                 align_corners=False,
             )
-        x = (x - self.pixel_mean) / self.pixel_std
+        x = ((x - self.pixel_mean.float()) / self.pixel_std.float()).to(self.pixel_mean.dtype)
         return self.projector(self.vision(pixel_values=x).last_hidden_state)
 
     def embed_prefix(

@@ -188,9 +188,13 @@ class FlowVLA(nn.Module):
         t: torch.Tensor,
         step_valid: torch.Tensor,
     ) -> torch.Tensor:
-        """Expert velocity ``[B, H, A_max]`` for noisy actions ``x_t`` ``[B, H, A_max]`` at flow time ``t`` ``[B]``."""
-        s = self.heads.encode_state(state, ids)
-        a = self.heads.encode_actions(x_t, t, ids)
+        """Expert velocity ``[B, H, A_max]`` for noisy actions ``x_t`` ``[B, H, A_max]`` at flow time ``t`` ``[B]``.
+
+        Inputs are cast to the heads' dtype, so a model cast to bfloat16 for inference (``model.to(torch.bfloat16)``)
+        takes the float32 integration state as it is."""
+        dtype = self.heads.action_in.weight.dtype
+        s = self.heads.encode_state(state.to(dtype), ids)
+        a = self.heads.encode_actions(x_t.to(dtype), t, ids)  # t stays float32: it is only embedded
         valid = torch.cat([step_valid.new_ones(step_valid.shape[0], 1), step_valid], dim=1)
         h = self._expert_forward(torch.cat([s, a], dim=1), prefix, valid)
         return self.heads.decode_actions(h[:, 1:], ids)
@@ -266,6 +270,18 @@ class FlowVLA(nn.Module):
                 v = self.velocity(pre, state, ids, x, t, step_valid)
                 x = (x + dt * v.float()) * dim_mask[:, None, :]
         return x * out_mask
+
+    def prepare_inference(
+        self, dtype: torch.dtype | str = torch.float32, *, compile: bool = False
+    ) -> FlowVLA:
+        """Ready the model for serving: ``eval()``, weights cast to ``dtype`` (``"bfloat16"`` uses AMX on recent
+        Xeons and tensor cores on GPUs; the flow integration state stays float32) and, with ``compile``, the
+        expert wrapped in ``torch.compile`` (one-time compile cost, fewer kernel launches per flow step)."""
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.eval().to(dtype)
+        if compile:
+            self._expert_forward = torch.compile(self.expert.forward, dynamic=False)
+        return self
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss(batch)
