@@ -194,6 +194,8 @@ class WindowDataset(Dataset):
         images = {}
         for slot, key in std.cameras.items():
             img = decoded[key]
+            if img.shape[-1] == 1:  # grayscale camera (some RLDS exports): the Batch contract is RGB
+                img = np.repeat(img, 3, axis=-1)
             if cfg.image_size:
                 img = resize_images(img, cfg.image_size)
             img = torch.as_tensor(img)
