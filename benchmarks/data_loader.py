@@ -24,15 +24,12 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PEER_DIR = REPO.parent / "shared" / "peer"
-PEER_VENV = Path(os.environ.get("PEER_VENV", Path(os.environ.get("TMPDIR", "/tmp")) / "peer-venv"))
+from harness import PEER_DIR, PEER_VENV, peak_rss_mb, run_child, run_peer, stats3
+
 PEER_CACHE = Path(os.environ.get("PEER_LEROBOT_CACHE", "/tmp/peer_lerobot_cache"))
 PEER_DATASET = PEER_CACHE / "lerobot_v3_sample"
 OWN_CACHE = Path(os.environ.get("VLA_BENCH_CACHE", "/tmp/vla_bench_data"))
@@ -40,11 +37,6 @@ N_EP, N_FR, H, W, STATE, ACTION, FPS = 6, 40, 96, 128, 8, 7, 10
 BATCH, CHUNK = 8, 10
 
 
-def stats3(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs)}
-
-
-# ---- datasets -------------------------------------------------------------------------------------------------
 def ensure_lerobot_dataset() -> tuple[Path, str]:
     """The peer's LeRobot-written sample (same files for both sides) or, without the peer, our equivalent."""
     peer_py = PEER_VENV / "bin" / "python"
@@ -191,57 +183,23 @@ def child_ours(job: dict) -> dict:
         "samples_per_s_epoch": stats3(epoch_sps),
         "samples_per_s_after_first_batch": stats3(steady_sps),
         "first_batch_s": stats3(first),
-        "peak_rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "peak_rss_workers_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "peak_rss_main_mb": peak_rss_mb(),
+        "peak_rss_workers_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
     }
 
 
-def run_child(job: dict, env_extra: dict[str, str] | None = None) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    proc = subprocess.run(
-        [sys.executable, __file__, "_child", json.dumps(job)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": (proc.stderr or proc.stdout)[-2000:]}
-
-
-def run_peer(reps: int, threads: int) -> dict:
-    py = PEER_VENV / "bin" / "python"
-    if not py.exists():
-        return {
-            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
-        }
-    out = OWN_CACHE / "peer_data.json"
-    proc = subprocess.run(
-        [
-            str(py),
-            str(PEER_DIR / "peer_lerobot_bench.py"),
-            "bench",
-            "--only",
-            "data",
-            "--data-reps",
-            str(reps),
-            "--threads",
-            str(threads),
-            "--root",
-            str(PEER_DATASET),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=3600,
-    )
-    if proc.returncode != 0 or not out.exists():
-        return {"error": proc.stderr[-2000:]}
-    return json.loads(out.read_text())
+def run_peer_data(reps: int, threads: int) -> dict:
+    args = [
+        "--only",
+        "data",
+        "--data-reps",
+        str(reps),
+        "--threads",
+        str(threads),
+        "--root",
+        str(PEER_DATASET),
+    ]
+    return run_peer(args, OWN_CACHE / "peer_data.json")
 
 
 def main() -> None:
@@ -286,6 +244,7 @@ def main() -> None:
     for workers in (0, 2):
         for cache_mb in ("0", "256"):
             res["ours"][f"lerobot_v3_w{workers}_cache{cache_mb}mb"] = run_child(
+                __file__,
                 {
                     "format": "lerobot",
                     "path": str(lerobot_path),
@@ -296,10 +255,10 @@ def main() -> None:
                 {"VLA_VIDEO_CACHE_MB": cache_mb},
             )
         res["ours"][f"rlds_w{workers}"] = run_child(
-            {"format": "rlds", "path": str(rlds_path), "workers": workers, **common}
+            __file__, {"format": "rlds", "path": str(rlds_path), "workers": workers, **common}
         )
     if not args.skip_peer:
-        peer = run_peer(args.reps, args.threads)
+        peer = run_peer_data(args.reps, args.threads)
         res["peer_lerobot"] = peer
         ratios = {}
         for workers in (0, 2):

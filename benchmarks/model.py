@@ -18,16 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PEER_DIR = REPO.parent / "shared" / "peer"
-PEER_VENV = Path(os.environ.get("PEER_VENV", Path(os.environ.get("TMPDIR", "/tmp")) / "peer-venv"))
+from harness import peak_rss_mb, run_child, run_peer, stats3
+
 TASKS = [
     "pick up the red cube and place it in the bowl",
     "open the top drawer and push the blue block inside",
@@ -43,14 +38,6 @@ BENCH_SPEC = {
     "state": [{"name": "joints", "kind": "joint_pos", "dims": [f"s{i}" for i in range(STATE)]}],
     "action": [{"name": "joints", "kind": "joint_pos", "dims": [f"a{i}" for i in range(ACTION)]}],
 }
-
-
-def stats3(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs)}
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def build(batch_size: int):
@@ -156,52 +143,18 @@ def child_infer(job: dict) -> dict:
     }
 
 
-def run_child(job: dict) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(
-        [sys.executable, __file__, "_child", json.dumps(job)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=3600,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": (proc.stderr or proc.stdout)[-3000:]}
-
-
-def run_peer(args: argparse.Namespace) -> dict:
-    py = PEER_VENV / "bin" / "python"
-    if not py.exists():
-        return {
-            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
-        }
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / "vla_peer_model.json"
-    proc = subprocess.run(
-        [
-            str(py),
-            str(PEER_DIR / "peer_lerobot_bench.py"),
-            "bench",
-            "--only",
-            "smolvla",
-            "--iters",
-            str(args.iters),
-            "--warmup",
-            str(args.warmup),
-            "--threads",
-            str(args.threads),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=3600,
-    )
-    if proc.returncode != 0 or not out.exists():
-        return {"error": proc.stderr[-3000:]}
-    return json.loads(out.read_text())
+def run_peer_smolvla(args: argparse.Namespace) -> dict:
+    bench = [
+        "--only",
+        "smolvla",
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+    ]
+    return run_peer(bench, Path(os.environ.get("TMPDIR", "/tmp")) / "vla_peer_model.json")
 
 
 def main() -> None:
@@ -231,13 +184,15 @@ def main() -> None:
         "ours": {},
     }
     for amp in ("fp32", "bf16"):
-        res["ours"][f"train_b8_{amp}"] = run_child({"kind": "train", "batch": 8, "amp": amp, **common})
+        res["ours"][f"train_b8_{amp}"] = run_child(
+            __file__, {"kind": "train", "batch": 8, "amp": amp, **common}
+        )
     for amp in ("fp32", "bf16", "bf16_weights", "bf16_weights_compiled"):
         res["ours"][f"infer_b1_{amp}"] = run_child(
-            {"kind": "infer", "amp": amp, **common, "iters": 2 * args.iters}
+            __file__, {"kind": "infer", "amp": amp, **common, "iters": 2 * args.iters}
         )
     if not args.skip_peer:
-        peer = run_peer(args)
+        peer = run_peer_smolvla(args)
         res["peer_lerobot"] = peer
         ratios = {}
         for amp in ("fp32", "bf16"):

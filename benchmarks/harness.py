@@ -1,0 +1,59 @@
+"""Shared plumbing of the benchmark scripts: each measurement in its own subprocess (so each peak RSS is its own),
+the peer (LeRobot 0.6.1 in its own venv, ``../shared/peer/``) run side by side, and min/median/max summaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PEER_DIR = REPO.parent / "shared" / "peer"
+PEER_VENV = Path(os.environ.get("PEER_VENV", Path(os.environ.get("TMPDIR", "/tmp")) / "peer-venv"))
+CHILD_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def stats3(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_child(script: str, job: dict, env_extra: dict[str, str] | None = None, timeout: int = 3600) -> dict:
+    """Run ``script _child JOB`` and return the dict it prints after ``RESULT `` (or ``{"error": ...}``)."""
+    proc = subprocess.run(
+        [sys.executable, script, "_child", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **CHILD_ENV, **(env_extra or {})},
+        timeout=timeout,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": (proc.stderr or proc.stdout)[-3000:]}
+
+
+def run_peer(bench_args: list[str], out: Path, timeout: int = 3600) -> dict:
+    """``peer_lerobot_bench.py bench ARGS --out OUT`` in the peer venv; its JSON, or why there is none."""
+    py = PEER_VENV / "bin" / "python"
+    if not py.exists():
+        return {
+            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
+        }
+    proc = subprocess.run(
+        [str(py), str(PEER_DIR / "peer_lerobot_bench.py"), "bench", *bench_args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=timeout,
+    )
+    if proc.returncode != 0 or not out.exists():
+        return {"error": proc.stderr[-3000:]}
+    return json.loads(out.read_text())
