@@ -370,3 +370,19 @@ def test_torchrun_two_ranks_get_disjoint_shares(data_root: Path, tmp_path: Path)
     assert verdict["disjoint"] and verdict["counts"][0] == verdict["counts"][1] > 0
     assert verdict["ranks"] == [0, 2]
     assert verdict["covered"] >= verdict["total"] - 2 * 2  # all but the last incomplete batch per rank
+
+
+def test_joint_stats_over_two_datasets_normalize_per_embodiment(data_root: Path, tmp_path: Path) -> None:
+    from vla.cli import main
+
+    paths = [str(data_root / "widowx_set"), str(data_root / "franka_set")]
+    out = tmp_path / "joint.json"
+    assert main(["data", "stats", *paths, "--out", str(out)]) == 0
+    stats = StatsFile.load(out)
+    assert stats.get("widowx_bridge", "action") is not None and stats.get("franka_droid", "state") is not None
+    loader = build_loader(
+        _cfg([data_root / "widowx_set", data_root / "franka_set"], normalize=True, stats_path=str(out))
+    )
+    batch = next(iter(loader))
+    assert torch.isfinite(batch.actions).all()
+    assert main(["data", "stats", *paths]) == 2  # several datasets need --out

@@ -55,9 +55,16 @@ def cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    from vla.data.stats import write_stats
+    from vla.data.stats import compute_stats, write_stats
 
-    path = write_stats(args.path, out=args.out, max_episodes=args.max_episodes)
+    if len(args.path) == 1:
+        path = write_stats(args.path[0], out=args.out, max_episodes=args.max_episodes)
+    else:  # one embodiment-wide set over several datasets (stats files cannot be merged exactly afterwards)
+        if not args.out:
+            raise ValueError(
+                "several datasets: pass --out FILE.json for their joint stats (then data.stats_path=FILE)"
+            )
+        path = compute_stats(list(args.path), max_episodes=args.max_episodes).save(args.out)
     print(f"wrote {path}")
     return 0
 
@@ -192,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_data_show)
 
     s = data.add_parser("stats", help="normalization statistics per embodiment (versioned JSON)")
-    s.add_argument("path")
+    s.add_argument(
+        "path", nargs="+", help="one dataset, or several for joint per-embodiment stats (needs --out)"
+    )
     s.add_argument(
         "--out", default=None, help="output JSON (default: <dataset>/meta/vla_stats.json or the cache)"
     )
