@@ -15,6 +15,7 @@ from vla.data.writers.synthetic import make_lerobot_dataset
 from vla.embodiments import get_embodiment
 from vla.models.hub import from_pretrained, save_pretrained
 from vla.models.testing import synthetic_batch, tiny_model
+from vla.types import Batch
 
 GOLDEN = Path(__file__).parent / "assets" / "flow_vla_tiny_golden.safetensors"
 
@@ -141,6 +142,8 @@ def test_embodiment_id_outside_table_is_a_clear_error(model) -> None:
     batch.embodiment_id = batch.embodiment_id + 5
     with pytest.raises(ValueError, match=r"embodiment_ids=model\.embodiment_ids"):
         model.sample_actions(batch)
+    with pytest.raises(ValueError, match=r"embodiment_ids=model\.embodiment_ids"):
+        model.loss(batch)
 
 
 def test_tiny_model_overfits_two_episodes(tmp_path: Path) -> None:
@@ -288,3 +291,210 @@ def test_bf16_inference_is_close_to_fp32() -> None:
     out = m.prepare_inference("bfloat16").sample_actions(batch, generator=torch.Generator().manual_seed(0))
     assert out.dtype == torch.float32 and next(m.expert.parameters()).dtype == torch.bfloat16
     assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def _sample(batch: Batch, i: int) -> Batch:
+    """Sample ``i`` of ``batch`` as a batch of one (every camera slot kept, present or not)."""
+    sel = slice(i, i + 1)
+    return Batch(
+        images={k: v[sel] for k, v in batch.images.items()},
+        image_mask={k: v[sel] for k, v in batch.image_mask.items()},
+        state=batch.state[sel],
+        state_mask=batch.state_mask[sel],
+        actions=batch.actions[sel],
+        action_mask=batch.action_mask[sel],
+        action_is_pad=batch.action_is_pad[sel],
+        prompt=batch.prompt[sel],
+        embodiment_id=batch.embodiment_id[sel],
+    )
+
+
+@pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])
+def test_a_sample_is_independent_of_the_rest_of_its_batch(family: str) -> None:
+    """Padded prompt tokens, other samples' cameras and other embodiments' heads never reach a sample."""
+    model = tiny_model(family)
+    batch = synthetic_batch(model)
+    lengths = {int(model.backbone.tokenize([p], torch.device("cpu"))[1].sum()) for p in batch.prompt}
+    assert len(lengths) > 1  # the mixed batch pads some prompts
+    assert not batch.image_mask["wrist"].all()  # and masks an absent camera slot
+    noise = torch.randn(4, 6, model.cfg.max_action_dim, generator=torch.Generator().manual_seed(6))
+    mixed = model.sample_actions(batch, noise=noise)
+    for i in range(batch.batch_size):
+        h = int(model.chunk_lengths[batch.embodiment_id[i]])
+        alone = model.sample_actions(_sample(batch, i), noise=noise[i : i + 1, :h])
+        torch.testing.assert_close(alone[0], mixed[i, :h], atol=1e-5, rtol=1e-4)
+
+
+def test_expert_mask_state_sees_no_actions_and_nobody_sees_invalid_steps(model) -> None:
+    batch = synthetic_batch(model)
+    g = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        prefix = model.compute_prefix(batch)
+        x = torch.randn(4, 7, model.expert.width, generator=g)  # [state, 6 actions]
+        valid = torch.ones(4, 7, dtype=torch.bool)
+        valid[:, 5:] = False  # the last two action steps are past the chunk
+        out = model.expert(x, prefix, valid)
+        y = x.clone()
+        y[:, 1:] += torch.randn(
+            4, 6, model.expert.width, generator=g
+        )  # other actions: the state must not care
+        torch.testing.assert_close(model.expert(y, prefix, valid)[:, 0], out[:, 0], atol=0, rtol=0)
+        z = x.clone()
+        z[:, 5:] = 1e3  # invalid steps: no valid token may care
+        torch.testing.assert_close(model.expert(z, prefix, valid)[:, :5], out[:, :5], atol=0, rtol=0)
+
+
+def test_embodiment_linear_mixed_batch_gradients_match_per_sample_ones() -> None:
+    from vla.models.heads import EmbodimentLinear
+
+    torch.manual_seed(0)
+    lin = EmbodimentLinear(3, 5, 4)
+    x, ids = torch.randn(4, 2, 5), torch.tensor([2, 0, 2, 0])  # slot 1 absent from the batch
+    r = torch.randn(4, 2, 4)
+    (lin(x, ids) * r).sum().backward()
+    mixed = lin.weight.grad.clone(), lin.bias.grad.clone()
+    lin.zero_grad()
+    for i in range(4):  # one sample at a time: the single-embodiment (plain matmul) path
+        (lin(x[i : i + 1], ids[i : i + 1]) * r[i : i + 1]).sum().backward()
+    torch.testing.assert_close(mixed[0], lin.weight.grad)
+    torch.testing.assert_close(mixed[1], lin.bias.grad)
+    assert torch.all(mixed[0][1] == 0) and torch.all(mixed[1][1] == 0)
+
+
+def test_loss_is_masked_mse_on_the_flow_velocity(model, monkeypatch) -> None:
+    """x_t = t * noise + (1 - t) * actions, target u = noise - actions = (x_t - actions) / t, averaged over valid
+    dims and non-padded steps only (sample 1's last step is padding inside its chunk)."""
+    batch = synthetic_batch(model)
+    batch.action_is_pad[1, -1] = True
+    seen = {}
+    velocity = model.velocity
+
+    def spy(prefix, state, ids, x_t, t, step_valid):
+        v = velocity(prefix, state, ids, x_t, t, step_valid)
+        seen.update(x_t=x_t, t=t, v=v, step_valid=step_valid)
+        return v
+
+    monkeypatch.setattr(model, "velocity", spy)
+    with torch.no_grad():
+        loss, _ = model.loss(batch, generator=torch.Generator().manual_seed(5))
+    t = seen["t"][:, None, None]
+    assert torch.all((seen["t"] >= model.cfg.flow.t_min) & (seen["t"] <= 1))
+    a = batch.state.new_zeros(4, 6, model.cfg.max_action_dim)
+    a[..., : batch.actions.shape[-1]] = batch.actions
+    dims = torch.zeros(4, model.cfg.max_action_dim, dtype=torch.bool)
+    dims[:, : batch.action_mask.shape[1]] = batch.action_mask
+    w = dims[:, None, :] & seen["step_valid"][:, :, None] & ~batch.action_is_pad[:, :, None]
+    err = (seen["v"] - (seen["x_t"] - a) / t) ** 2
+    torch.testing.assert_close(loss, err[w].mean(), atol=1e-5, rtol=1e-4)
+
+
+def test_euler_sampling_runs_from_noise_at_t1_to_actions_at_t0(model, monkeypatch) -> None:
+    """With the exact velocity of a straight path to ``target`` (v = (x - target) / t), Euler lands on it."""
+    batch = synthetic_batch(model)
+    target = torch.randn(4, 6, model.cfg.max_action_dim, generator=torch.Generator().manual_seed(2))
+    times = []
+
+    def exact(prefix, state, ids, x, t, step_valid):
+        times.append(float(t[0]))
+        return (x - target) / t[:, None, None]
+
+    monkeypatch.setattr(model, "velocity", exact)
+    out = model.sample_actions(batch, num_steps=4, generator=torch.Generator().manual_seed(0))
+    assert times == [1.0, 0.75, 0.5, 0.25]
+    ids = batch.embodiment_id
+    step_valid = torch.arange(6)[None] < model.chunk_lengths[ids][:, None]
+    dims = torch.arange(model.cfg.max_action_dim)[None] < model.action_dims[ids][:, None]
+    torch.testing.assert_close(
+        out, target * (step_valid[:, :, None] & dims[:, None, :]), atol=1e-5, rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="num_steps must be >= 1"):
+        model.sample_actions(batch, num_steps=0)
+
+
+def test_save_load_after_add_embodiment_rebuilds_exactly(tmp_path: Path, monkeypatch) -> None:
+    m = tiny_model("smolvlm")
+    m.add_embodiment(get_embodiment("ur5_autolab"))
+    with torch.no_grad():  # make the new slot differ from its source, so a wrong slot order shows
+        m.heads.action_out.bias[2] += 0.5
+        m.embodiment_tokens.weight[2] += 0.1
+    out = save_pretrained(m, tmp_path / "ckpt")
+    assert (out / "backbone" / "tokenizer.json").is_file() and (
+        out / "embodiments" / "ur5_autolab.yaml"
+    ).is_file()
+    from vla.models import tiny
+
+    # everything comes from the folder: no tiny preset (or hub download) is needed to load it
+    monkeypatch.setattr(tiny, "make_tiny_backbone", lambda *a, **k: pytest.fail("preset rebuilt"))
+    loaded = from_pretrained(out).eval()
+    assert loaded.embodiment_ids == m.embodiment_ids and loaded.cfg == m.cfg
+    assert (
+        loaded.backbone.tokenizer("pick up the cup").input_ids
+        == m.backbone.tokenizer("pick up the cup").input_ids
+    )
+    batch = synthetic_batch(m, embodiments=["ur5_autolab", "widowx_bridge", "franka_droid", "ur5_autolab"])
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    assert torch.equal(m.sample_actions(batch, generator=g()), loaded.sample_actions(batch, generator=g()))
+
+
+def test_bf16_inference_keeps_rope_frequencies_in_float32() -> None:
+    m = tiny_model("smolvlm")
+    before = m.backbone.rotary.inv_freq.clone()
+    m.prepare_inference("bfloat16")
+    assert m.backbone.rotary.inv_freq.dtype == torch.float32 and torch.equal(
+        m.backbone.rotary.inv_freq, before
+    )
+    assert m.expert.rotary is m.backbone.rotary
+
+
+def test_smolvlm_image_size_must_pixel_shuffle_evenly() -> None:
+    with pytest.raises(ValueError, match=r"multiple of patch_size x scale_factor = 16 px"):
+        tiny_model("smolvlm", backbone={"pretrained": "tiny:smolvlm", "image_size": 72})
+    assert (
+        tiny_model("smolvlm", backbone={"pretrained": "tiny:smolvlm", "image_size": 96}).backbone.image_size
+        == 96
+    )
+
+
+@pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])
+def test_hand_driven_decoder_layer_equals_the_hf_layer(family: str) -> None:
+    """vla.models.attention runs HF layers by hand (SDPA, Gemma2 sandwich norms and logit soft-capping): same
+    output as the layer's own eager forward under the same mask."""
+    from transformers import AutoModelForImageTextToText
+
+    from vla.models.attention import decoder_layer
+    from vla.models.tiny import tiny_backbone_path
+
+    hf = AutoModelForImageTextToText.from_pretrained(tiny_backbone_path(family), attn_implementation="eager")
+    text = hf.model.text_model if family == "smolvlm" else hf.model.language_model
+    layer = text.layers[1]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # non-trivial norms and large logits, so every norm and the soft-cap matter
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    if family == "paligemma2":
+        layer.self_attn.attn_logit_softcapping = 1.0
+    h = 3 * torch.randn(2, 10, 64, generator=g)
+    valid = torch.ones(2, 10, dtype=torch.bool)
+    valid[0, 7:] = False
+    mask = (valid[:, None, :] | torch.eye(10, dtype=torch.bool)[None]).unsqueeze(1)
+    positions = torch.arange(10)[None].expand(2, -1)
+    cos, sin = text.rotary_emb(h, positions)
+    with torch.no_grad():
+        ours, _ = decoder_layer(layer, h, cos, sin, mask)
+        additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+        theirs = layer(h, attention_mask=additive, position_embeddings=(cos, sin), position_ids=positions)
+    torch.testing.assert_close(ours, theirs[0] if isinstance(theirs, tuple) else theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_sequences_longer_than_a_sliding_window_are_refused() -> None:
+    from types import SimpleNamespace
+
+    from vla.models.attention import check_window
+
+    gemma2 = SimpleNamespace(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    check_window(gemma2, 8, "the prefix")
+    with pytest.raises(
+        ValueError, match="the prefix has 9 tokens, more than the backbone's sliding_window 8"
+    ):
+        check_window(gemma2, 9, "the prefix")
+    check_window(SimpleNamespace(sliding_window=None), 10**6, "the prefix")  # Llama / Gemma: no window

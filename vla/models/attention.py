@@ -15,6 +15,21 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
+def check_window(text_config: object, length: int, where: str) -> None:
+    """Sliding-window layers (Gemma2's every other layer) are run here with full attention, which is exact only
+    while every sequence fits in the window (4096 for PaliGemma2: ~600 tokens for two 224 px cameras + prompt)."""
+    window = getattr(text_config, "sliding_window", None)
+    if (
+        window
+        and "sliding_attention" in (getattr(text_config, "layer_types", None) or ())
+        and length > window
+    ):
+        raise ValueError(
+            f"{where} has {length} tokens, more than the backbone's sliding_window {window}; sliding-window "
+            "attention is not implemented: use fewer cameras, a smaller image_size or fewer max_prompt_tokens"
+        )
+
+
 def _heads(x: torch.Tensor, proj: nn.Module, head_dim: int) -> torch.Tensor:
     """``[B, T, hidden]`` -> projection -> ``[B, heads, T, head_dim]``."""
     y = proj(x)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vla.models.attention import decoder_layer
+from vla.models.attention import check_window, decoder_layer
 from vla.models.config import BackboneConfig
 from vla.types import IMAGE_SLOTS
 
@@ -52,8 +52,8 @@ def load_hf_vlm(path: str, family: str, *, weights: bool = True) -> tuple[nn.Mod
         ) from e
     if weights:
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
-    else:
-        model = AutoModelForImageTextToText.from_config(config)
+    else:  # float32 like the weights path: from_config would follow config.dtype (bfloat16 in many hub configs)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     return model, tokenizer
 
 
@@ -104,6 +104,15 @@ class VLMBackbone(nn.Module):
                 f"model.backbone.image_size={self.image_size}: {cfg.family} vision towers have fixed position "
                 f"embeddings for {self.native_image_size} px; use 0 or {self.native_image_size}"
             )
+        if cfg.family == "smolvlm":  # any size whose patch grid pixel-shuffles evenly into image tokens
+            patch = vcfg.patch_size if isinstance(vcfg.patch_size, int) else vcfg.patch_size[0]
+            step = int(patch) * int(self.hf_config.scale_factor)
+            if self.image_size % step:
+                raise ValueError(
+                    f"model.backbone.image_size={self.image_size}: SmolVLM needs a multiple of patch_size x "
+                    f"scale_factor = {step} px (e.g. {max(step, self.image_size // step * step)}); 0 = native "
+                    f"{self.native_image_size}"
+                )
         mean, std = _image_norm(source)
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
@@ -183,14 +192,14 @@ class VLMBackbone(nn.Module):
         parts, valid = [], []
         for slot in [s for s in IMAGE_SLOTS if s in images]:
             present = image_mask[slot].to(device)
-            frames = images[slot][:, -1]  # [B, H, W, 3]
+            frames = images[slot][:, -1]  # [B, H, W, 3], on the loader's device (CPU or the model's)
             rows = present.nonzero().flatten()
             if len(rows) == 0:
                 continue
+            # vision only for samples that have this camera; select on the frames' device, then move only those
+            picked = frames.index_select(0, rows.to(frames.device)).to(device)
             with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.freeze_vision):
-                tok = self.image_tokens(
-                    frames[rows].to(device)
-                )  # vision only for samples that have this camera
+                tok = self.image_tokens(picked)
             full = tok.new_zeros(b, *tok.shape[1:]).index_copy(0, rows, tok)
             parts.append(full)
             valid.append(present[:, None].expand(-1, tok.shape[1]))
@@ -204,6 +213,7 @@ class VLMBackbone(nn.Module):
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> Prefix:
         """Run the language layers over the prefix (bidirectional among valid tokens) and collect every layer's
         keys/values. The last layer's attention/MLP are skipped: only its keys/values are ever read."""
+        check_window(self.text_config, tokens.shape[1], "the prefix")
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = self.rotary(tokens, positions)
         p = tokens.shape[1]

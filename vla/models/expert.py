@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vla.models.attention import decoder_layer
+from vla.models.attention import check_window, decoder_layer
 from vla.models.backbone import Prefix
 
 
@@ -74,6 +74,7 @@ class ActionExpert(nn.Module):
     def forward(self, x: torch.Tensor, prefix: Prefix, suffix_valid: torch.Tensor) -> torch.Tensor:
         """``x`` suffix tokens ``[B, T, width]`` (state first, then actions), ``suffix_valid`` ``[B, T]``."""
         b, t, _ = x.shape
+        check_window(self.config, prefix.valid.shape[1] + t, "prefix + [state, actions]")
         positions = prefix.length[:, None] + torch.arange(t, device=x.device)[None]
         cos, sin = self.rotary(x, positions)
         # [B, 1, T, P + T]: prefix part by validity; suffix part: state -> itself, actions -> state + valid actions

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -172,7 +172,10 @@ class FlowVLA(nn.Module):
         """Zero-pad the last axis of ``x`` (and its mask ``[B, D]``) to the head table ``width``."""
         d = x.shape[-1]
         if d > width:
-            raise ValueError(f"batch has {d} dims but the model's tables are {width} wide")
+            raise ValueError(
+                f"batch has {d} state/action dims but the model's head tables are {width} wide; raise "
+                "model.max_state_dim / model.max_action_dim (and re-initialise) or check the batch's embodiment"
+            )
         out = x.new_zeros(*x.shape[:-1], width)
         out[..., :d] = x
         m = mask.new_zeros(mask.shape[0], width)
@@ -209,6 +212,7 @@ class FlowVLA(nn.Module):
         """Masked flow-matching MSE (scalar) and metrics: ``loss`` and ``loss/<embodiment>`` per embodiment."""
         dev = self.embodiment_tokens.weight.device
         ids = batch.embodiment_id.to(dev)
+        self._check_ids(ids)  # before any table lookup (on CUDA a bad index is a device-side assert)
         state, _ = self._padded(batch.state.to(dev), batch.state_mask.to(dev), self.cfg.max_state_dim)
         actions, dim_mask = self._padded(
             batch.actions.to(dev), batch.action_mask.to(dev), self.cfg.max_action_dim
@@ -218,9 +222,9 @@ class FlowVLA(nn.Module):
         with self._autocast():
             prefix = self.compute_prefix(batch)
             beta = torch.distributions.Beta(self.cfg.flow.beta_alpha, self.cfg.flow.beta_beta)
-            u01 = torch.rand(b, generator=generator, device=dev) if generator is not None else None
+            u01 = _rand(torch.rand, (b,), generator, dev) if generator is not None else None
             t = _beta_sample(beta, u01, b, dev) * (1 - self.cfg.flow.t_min) + self.cfg.flow.t_min
-            noise = torch.randn(actions.shape, generator=generator, device=dev) * dim_mask[:, None, :]
+            noise = _rand(torch.randn, actions.shape, generator, dev) * dim_mask[:, None, :]
             x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
             v = self.velocity(prefix, state, ids, x_t, t, step_valid)
         weight = (
@@ -252,14 +256,16 @@ class FlowVLA(nn.Module):
         dev = self.embodiment_tokens.weight.device
         ids = batch.embodiment_id.to(dev)
         self._check_ids(ids)
-        steps = num_steps or self.cfg.flow.num_steps
+        steps = self.cfg.flow.num_steps if num_steps is None else num_steps
+        if steps < 1:
+            raise ValueError(f"sample_actions: num_steps must be >= 1, got {steps}")
         horizon = int(self.chunk_lengths[ids].max())
         state, _ = self._padded(batch.state.to(dev), batch.state_mask.to(dev), self.cfg.max_state_dim)
         dim_mask = torch.arange(self.cfg.max_action_dim, device=dev)[None] < self.action_dims[ids][:, None]
         step_valid = self._step_valid(ids, horizon)
         out_mask = (step_valid[:, :, None] & dim_mask[:, None, :]).float()
         if noise is None:
-            noise = torch.randn(len(ids), horizon, self.cfg.max_action_dim, generator=generator, device=dev)
+            noise = _rand(torch.randn, (len(ids), horizon, self.cfg.max_action_dim), generator, dev)
         x = noise.to(dev) * dim_mask[:, None, :]
         with self._autocast():
             prefix = self.compute_prefix(batch) if reuse_prefix else None
@@ -278,7 +284,17 @@ class FlowVLA(nn.Module):
         Xeons and tensor cores on GPUs; the flow integration state stays float32) and, with ``compile``, the
         expert wrapped in ``torch.compile`` (one-time compile cost, fewer kernel launches per flow step)."""
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at
+        # position 600): keep them float32, as HF computes them in float32 whatever the model dtype.
+        rope = [
+            (m, n, b.clone())
+            for m in self.modules()
+            for n, b in m.named_buffers(recurse=False)
+            if "inv_freq" in n
+        ]
         self.eval().to(dtype)
+        for module, name, buf in rope:
+            setattr(module, name, buf)
         if compile:
             self._expert_forward = torch.compile(self.expert.forward, dynamic=False)
         return self
@@ -317,6 +333,18 @@ class FlowVLA(nn.Module):
             }
         out["all"] = {k: sum(v[k] for v in out.values()) for k in ("total", "trainable")}
         return out
+
+
+def _rand(
+    fn: Callable[..., torch.Tensor],
+    shape: tuple[int, ...],
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """``fn`` (``torch.rand``/``torch.randn``) drawn on the generator's own device, then moved to ``device``: a CPU
+    generator (seeded tests, serving) drives a CUDA model too, and a CUDA generator draws on the GPU directly."""
+    where = generator.device if generator is not None else device
+    return fn(shape, generator=generator, device=where).to(device)
 
 
 def _beta_sample(
