@@ -1,0 +1,42 @@
+"""Simulation (issue #3): MuJoCo robots and tabletop worlds built in code with ``mujoco.MjSpec``.
+
+Modules, one job each:
+
+- ``arms``       kinematic descriptions (data) of the published arms: Panda, UR5e, WidowX 250, Kinova Gen3, ViperX
+- ``procedural`` randomly generated 4–7-DoF arms, every sampled value recorded
+- ``robots``     ``build_robot`` / ``ROBOTS`` registry (``panda``, ``ur5e``, ``widowx``, ``kinova_gen3``, ``aloha``,
+                 ``procedural``) and ``load_mjcf_robot`` for a user's MJCF file
+- ``handles``    names, limits and the state/action map of a built robot (``RobotHandles`` → ``BoundRobot``)
+- ``objects``    ``add_object``: cubes, cylinders, bowls, a drawer with randomized size/colour/mass
+- ``world``      ``build_world``: table, lights, robot, ``primary`` + wrist cameras, objects → ``World``
+- ``embodiment`` ``EmbodimentSpec`` of each simulated robot (``configs/embodiments/sim_*.yaml``, procedural in code)
+
+Set ``MUJOCO_GL=egl`` before importing mujoco for headless rendering. ``vla.sim`` never imports ``vla.models``.
+"""
+
+from __future__ import annotations
+
+from vla.sim.embodiment import embodiment_for, procedural_embodiment_spec, sim_embodiment_spec
+from vla.sim.handles import ArmHandles, BoundRobot, RobotHandles
+from vla.sim.objects import OBJECT_KINDS, ObjectHandles, add_object
+from vla.sim.robots import ROBOTS, MjcfRobot, build_robot, load_mjcf_robot
+from vla.sim.world import RenderSettings, World, build_world
+
+__all__ = [
+    "OBJECT_KINDS",
+    "ROBOTS",
+    "ArmHandles",
+    "BoundRobot",
+    "MjcfRobot",
+    "ObjectHandles",
+    "RenderSettings",
+    "RobotHandles",
+    "World",
+    "add_object",
+    "build_robot",
+    "build_world",
+    "embodiment_for",
+    "load_mjcf_robot",
+    "procedural_embodiment_spec",
+    "sim_embodiment_spec",
+]

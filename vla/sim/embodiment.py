@@ -1,0 +1,101 @@
+"""Embodiment specs of the simulated robots, derived from their ``RobotHandles``.
+
+The fixed robots' specs are data (``configs/embodiments/sim_<robot>.yaml``, registered like every other spec);
+``sim_embodiment_spec`` is the function that wrote them and that the tests compare them against. The procedural
+robot changes shape per seed, so its spec is generated in code (``procedural_embodiment_spec``) and carries the
+sampled parameters in ``extra``.
+
+Conventions (``vla.sim.handles``): state = per arm, joint positions (rad) then gripper opening in [0, 1] (1 = open);
+action = per arm, absolute joint-position targets (rad) then a gripper command in [0, 1] (1 = open).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from vla.embodiments import CameraSpec, EmbodimentSpec, FieldSpec, get_embodiment
+from vla.sim.handles import ArmHandles, RobotHandles
+
+SIM_CONTROL_HZ = {"aloha": 20.0}  # default 10 Hz = 50 physics steps of 2 ms per action
+SIM_CHUNK_LENGTH = {"aloha": 20}  # default 10 (one second of actions)
+
+
+def _fields(arm: ArmHandles, which: str) -> list[FieldSpec]:
+    prefix = f"{arm.name}_" if arm.name else ""
+    dims = tuple(f"joint{i + 1}" for i in range(arm.dof))
+    low = tuple(lo for lo, _ in arm.joint_limits)
+    high = tuple(hi for _, hi in arm.joint_limits)
+    joint_name = f"{arm.name}_arm" if arm.name else "joint_pos"
+    joint_desc = "joint positions" if which == "state" else "absolute joint-position targets (PD servos)"
+    gripper_units = (
+        "normalized opening (1 = open, 0 = closed)" if which == "state" else "command (1 = open, 0 = closed)"
+    )
+    return [
+        FieldSpec(joint_name, "joint_pos", dims, units="rad", absolute=True, low=low, high=high,
+                  normalization="quantile", description=joint_desc),
+        FieldSpec(f"{prefix}gripper", "gripper", ("open",), units=gripper_units, absolute=True, low=(0.0,),
+                  high=(1.0,), normalization="quantile" if which == "state" else "identity",
+                  description=f"jaw opening {2 * arm.gripper_range[0]:.3f}..{2 * arm.gripper_range[1]:.3f} m"),
+    ]  # fmt: skip
+
+
+def sim_embodiment_spec(
+    handles: RobotHandles,
+    *,
+    name: str | None = None,
+    control_hz: float | None = None,
+    chunk_length: int | None = None,
+    image_size: int = 128,
+    extra: dict[str, Any] | None = None,
+) -> EmbodimentSpec:
+    """The embodiment spec of a simulated robot: state/action fields from its arms, cameras primary + wrist(s)."""
+    robot = handles.robot
+    cameras = {"primary": CameraSpec(image_size, image_size, "third-person camera 'primary' (vla.sim.world)")}
+    for arm in handles.arms:
+        slot = f"{arm.name}_wrist" if arm.name else "wrist"
+        cameras[slot] = CameraSpec(
+            image_size, image_size, f"wrist camera '{slot}' looking along the approach axis"
+        )
+    spec = EmbodimentSpec(
+        name=name or f"sim_{robot}",
+        state=tuple(f for arm in handles.arms for f in _fields(arm, "state")),
+        action=tuple(f for arm in handles.arms for f in _fields(arm, "action")),
+        cameras=cameras,
+        control_hz=control_hz or SIM_CONTROL_HZ.get(robot, 10.0),
+        chunk_length=chunk_length or SIM_CHUNK_LENGTH.get(robot, 10),
+        description=f"MuJoCo {robot} (vla.sim): absolute joint-position targets + gripper (1 = open).",
+        robot=f"sim_{robot}",
+        sources=("shared/reference/robot_kinematics.md (joint limits)", "vla/sim/embodiment.py (layout)"),
+        extra=dict(extra or {}),
+    )
+    spec.validate()
+    return spec
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain Python numbers/lists/dicts (YAML- and JSON-safe), infinities as None."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalar
+        return value.item()
+    return value
+
+
+def procedural_embodiment_spec(handles: RobotHandles, **kwargs: Any) -> EmbodimentSpec:
+    """Spec of a procedural robot, named ``sim_procedural_<dof>dof``; ``extra.robot_params`` = sampled values."""
+    if handles.robot != "procedural":
+        raise ValueError(f"procedural_embodiment_spec needs a procedural robot, got {handles.robot!r}")
+    return sim_embodiment_spec(handles, name=f"sim_procedural_{handles.dof}dof",
+                               extra={"robot_params": _jsonable(handles.params)}, **kwargs)  # fmt: skip
+
+
+def embodiment_for(handles: RobotHandles) -> EmbodimentSpec:
+    """The spec a dataset or policy should use for ``handles``: the registered YAML, or generated (procedural)."""
+    if handles.robot == "procedural":
+        return procedural_embodiment_spec(handles)
+    return get_embodiment(f"sim_{handles.robot}")
