@@ -172,6 +172,46 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_merge(args: argparse.Namespace) -> int:
+    from vla.sim.generate import merge_datasets
+
+    print(f"wrote {merge_datasets(args.sources, args.out)}")
+    return 0
+
+
+def cmd_sim_generate(args: argparse.Namespace) -> int:
+    from vla.sim.generate import GenerateConfig, generate
+
+    cfg = GenerateConfig(
+        embodiment=args.embodiment,
+        task=args.task,
+        episodes=args.episodes,
+        out=args.out,
+        workers=args.workers,
+        seed=args.seed,
+        randomization=args.randomization,
+        image_size=args.image_size,
+        shard=args.shard,
+        num_shards=args.num_shards,
+        keep_failed=args.keep_failed,
+    )
+    counts = generate(cfg)
+    print(
+        f"{counts['out']}: wrote {counts['written']} episodes, dropped {counts['dropped']} unsuccessful, "
+        f"skipped {counts['skipped']} already done"
+    )
+    return 0
+
+
+def cmd_sim_preview(args: argparse.Namespace) -> int:
+    from vla.sim.preview import preview_expert
+
+    print(
+        f"wrote {preview_expert(args.embodiment, args.task, args.out, seed=args.seed, randomization=args.randomization)}"
+    )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from vla.demo import run_demo
 
@@ -230,6 +270,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="FILE.mp4 or FILE.gif")
     s.add_argument("--fps", type=float, default=None)
     s.set_defaults(fn=cmd_data_preview)
+
+    s = data.add_parser("merge", help="join LeRobot datasets with the same features (e.g. generation shards)")
+    s.add_argument("sources", nargs="+")
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_data_merge)
+
+    sim = sub.add_parser("sim", help="simulated demonstrations (MuJoCo)").add_subparsers(
+        dest="sim_command", required=True
+    )
+    s = sim.add_parser("generate", help="scripted-expert episodes -> LeRobot v3.0 dataset")
+    s.add_argument("--embodiment", required=True, help="panda, ur5e, widowx, kinova_gen3, aloha, procedural")
+    s.add_argument("--task", required=True, help="reach, pick_place, push, stack, drawer")
+    s.add_argument("--episodes", type=int, required=True, help="episodes over all shards")
+    s.add_argument("--out", required=True)
+    s.add_argument("--workers", type=int, default=1)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--randomization", default="none", help="none|low|medium|high|reality_proxy or a YAML file"
+    )
+    s.add_argument("--image-size", type=int, default=128)
+    s.add_argument("--shard", type=int, default=0)
+    s.add_argument("--num-shards", type=int, default=1)
+    s.add_argument(
+        "--keep-failed", action="store_true", help="keep unsuccessful demos (flagged success=false)"
+    )
+    s.set_defaults(fn=cmd_sim_generate)
+    s = sim.add_parser("preview", help="render the scripted expert on one episode")
+    s.add_argument("--embodiment", required=True)
+    s.add_argument("--task", required=True)
+    s.add_argument("--out", required=True, help="FILE.mp4 or FILE.gif")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--randomization", default="none")
+    s.set_defaults(fn=cmd_sim_preview)
 
     model = sub.add_parser("model", help="create and inspect model checkpoints").add_subparsers(
         dest="model_command", required=True

@@ -10,6 +10,11 @@ Modules, one job each:
 - ``objects``    ``add_object``: cubes, cylinders, bowls, a drawer with randomized size/colour/mass
 - ``world``      ``build_world``: table, lights, robot, ``primary`` + wrist cameras, objects → ``World``
 - ``embodiment`` ``EmbodimentSpec`` of each simulated robot (``configs/embodiments/sim_*.yaml``, procedural in code)
+- ``tasks``      ``TASKS``: reach, pick_place, push, stack, drawer — instructions with paraphrases, success detectors
+- ``ik`` / ``expert``  damped-least-squares IK on MuJoCo Jacobians; waypoint scripted experts per task
+- ``randomization`` / ``perception``  the four reality-gap sources, levels none..high + held-out reality_proxy
+- ``env``        ``make(embodiment, task, randomization=, seed=)``: the Gymnasium environment
+- ``generate``   ``vla sim generate`` (parallel, sharded, resumable) and ``vla data merge``; ``preview``
 
 Set ``MUJOCO_GL=egl`` before importing mujoco for headless rendering. ``vla.sim`` never imports ``vla.models``.
 """
@@ -21,6 +26,14 @@ from vla.sim.handles import ArmHandles, BoundRobot, RobotHandles
 from vla.sim.objects import OBJECT_KINDS, ObjectHandles, add_object
 from vla.sim.robots import ROBOTS, MjcfRobot, build_robot, load_mjcf_robot
 from vla.sim.world import RenderSettings, World, build_world
+
+
+def make(*args, **kwargs):
+    """``vla.sim.make(embodiment, task, randomization=..., seed=...)``: see ``vla.sim.env.make``."""
+    from vla.sim.env import make as _make
+
+    return _make(*args, **kwargs)
+
 
 __all__ = [
     "OBJECT_KINDS",
@@ -37,6 +50,7 @@ __all__ = [
     "build_world",
     "embodiment_for",
     "load_mjcf_robot",
+    "make",
     "procedural_embodiment_spec",
     "sim_embodiment_spec",
 ]

@@ -1,0 +1,177 @@
+"""Gymnasium environment over the sim worlds and tasks: ``make(embodiment, task, ...) -> VLASimEnv``.
+
+Observation: ``{"images": {slot: uint8 [H, W, 3]}, "state": float32 [S]}`` with the embodiment spec's camera
+slots and state layout (``vla.sim.embodiment.embodiment_for``); action: float32 [A], absolute joint targets (rad)
+then a gripper command in [0, 1] (1 = open) per arm. One ``step`` = one control period = ``round(1 / (control_hz
+· timestep))`` physics steps (10 Hz → 50 steps of 2 ms; ALOHA 20 Hz → 25). ``reset(seed=s)`` rebuilds the world
+for ``s`` (same seed, same robot/objects/instruction) and restarts the scripted expert (``expert_action()``).
+
+A ``randomizer`` (``vla.sim.randomization``) is any object with ``sample(rng, world) -> record``,
+``apply(world, record)``, ``act(action, step_index, rng) -> action`` and ``observe(images, rng) -> images``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from vla.sim.embodiment import embodiment_for
+from vla.sim.expert import ScriptedExpert
+from vla.sim.tasks import TASKS, Task, TaskSetup, Workspace
+from vla.sim.world import World, build_world
+
+
+class VLASimEnv(gym.Env):
+    """One robot, one task family; a fresh world per ``reset``. See the module docstring for the spaces."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, embodiment: str, task: str, *, randomization: Any = None, seed: int | None = None,
+                 image_size: int = 128, control_hz: float | None = None, max_steps: int | None = None,
+                 render_mode: str | None = None, robot_options: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.robot_name = embodiment.removeprefix("sim_")
+        self.task: Task = TASKS.get(task)
+        if isinstance(randomization, str | Path):  # a level name or a YAML file
+            from vla.sim.randomization import Randomizer
+
+            randomization = Randomizer.from_level(str(randomization))
+        self.randomizer = randomization
+        self.image_size = image_size
+        self.render_mode = render_mode
+        self.robot_options = dict(robot_options or {})
+        first_seed = 0 if seed is None else int(seed)
+        if self.robot_name == "procedural" and "dof" not in self.robot_options:
+            # Fix the joint count so the spaces stay the same across resets (link lengths still vary).
+            probe = build_world("procedural", seed=first_seed, image_size=image_size)
+            self.robot_options["dof"] = probe.robot.dof
+        probe = build_world(self.robot_name, seed=first_seed, image_size=image_size, **self.robot_options)
+        self.embodiment_spec = embodiment_for(probe.robot)
+        self.control_hz = float(control_hz or self.embodiment_spec.control_hz)
+        self.substeps = max(1, round(1.0 / (self.control_hz * probe.model.opt.timestep)))
+        self.max_steps = int(max_steps or round(self.task.max_steps * self.control_hz / 10.0))
+        self.metadata = {**self.metadata, "render_fps": self.control_hz}
+        self.slots = list(self.embodiment_spec.cameras)
+        bound = probe.bound
+        low, high = bound.joint_low, bound.joint_high
+        n = probe.robot.state_dim
+        a_low, a_high = np.zeros(n, np.float32), np.ones(n, np.float32)
+        a_low[bound.joint_dims], a_high[bound.joint_dims] = low, high
+        s_low, s_high = a_low.copy(), a_high.copy()
+        s_low[bound.joint_dims] -= 0.1  # joints may sit a little past a limit (soft constraints)
+        s_high[bound.joint_dims] += 0.1
+        self.action_space = gym.spaces.Box(a_low, a_high, dtype=np.float32)
+        img = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        self.observation_space = gym.spaces.Dict({
+            "images": gym.spaces.Dict({slot: img for slot in self.slots}),
+            "state": gym.spaces.Box(s_low, s_high, dtype=np.float32),
+        })  # fmt: skip
+        probe.close()
+        self._seed = seed
+        self.world: World | None = None
+        self.setup: TaskSetup | None = None
+        self.expert: ScriptedExpert | None = None
+        self.instruction = ""
+        self.record: dict[str, Any] = {}
+        self.step_index = 0
+        self._rng = np.random.default_rng(seed)
+
+    # ---- gymnasium API -------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+        super().reset(seed=seed)
+        if seed is None and self._seed is not None and self.world is None:
+            seed = self._seed
+        episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
+        if self.world is not None:
+            self.world.close()
+        probe = build_world(
+            self.robot_name, seed=episode_seed, image_size=self.image_size, **self.robot_options
+        )
+        task_rng = np.random.default_rng([episode_seed, 1])
+        self.setup = self.task.setup(task_rng, Workspace.of(probe))
+        self.world = build_world(self.robot_name, seed=episode_seed, image_size=self.image_size,
+                                 objects=self.setup.objects, **self.robot_options)  # fmt: skip
+        self.instruction = self.task.instruction(self.setup, task_rng)
+        self._rng = np.random.default_rng([episode_seed, 2])
+        self.record = {}
+        self._period_scale, self._jitter_std = 1.0, 0.0
+        if self.randomizer is not None:
+            if hasattr(self.randomizer, "reset"):
+                self.randomizer.reset()
+            self.record = dict(self.randomizer.sample(self._rng, self.world))
+            self.randomizer.apply(self.world, self.record)
+        self.task.initialize(self.world, self.setup)
+        system = self.record.get("system", {}) if isinstance(self.record, dict) else {}
+        if system:
+            # system randomization the world cannot hold: reset-pose noise and the control period
+            offset = np.asarray(system.get("reset_joint_offset", []), np.float64)
+            if offset.size == len(self.world.bound.arm_qpos):
+                self.world.data.qpos[self.world.bound.arm_qpos] += offset
+                self.world.data.ctrl[self.world.bound.arm_ctrl] = self.world.data.qpos[
+                    self.world.bound.arm_qpos
+                ]
+            self._period_scale = float(system.get("control_period_scale", 1.0))
+            self._jitter_std = float(system.get("control_jitter_std", 0.0))
+        mujoco.mj_forward(self.world.model, self.world.data)
+        self.expert = ScriptedExpert(self.world, self.setup, self.control_hz)
+        self.step_index = 0
+        info = {"instruction": self.instruction, "task": self.task.name, "randomization": self.record,
+                "seed": episode_seed, "success": False}  # fmt: skip
+        return self._obs(), info
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        assert self.world is not None and self.setup is not None, "call reset() first"
+        action = np.asarray(action, np.float64)
+        if self.randomizer is not None:
+            action = np.asarray(self.randomizer.act(action, self.step_index, self._rng), np.float64)
+        self.world.bound.apply_action(self.world.data, action)
+        substeps = self.substeps * self._period_scale
+        if self._jitter_std > 0:
+            substeps *= 1.0 + self._rng.normal(0.0, self._jitter_std)
+        self.world.step(max(1, round(substeps)))
+        self.step_index += 1
+        success = bool(self.task.success(self.world, self.setup))
+        truncated = self.step_index >= self.max_steps and not success
+        info = {"instruction": self.instruction, "task": self.task.name, "success": success}
+        return self._obs(), float(success), success, truncated, info
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode == "rgb_array" and self.world is not None:
+            return self.world.render("primary")
+        return None
+
+    def close(self) -> None:
+        if self.world is not None:
+            self.world.close()
+
+    # ---- extras --------------------------------------------------------------------------------------------
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's next action for the current state, float32 [A] (advances the expert)."""
+        assert self.expert is not None, "call reset() first"
+        return self.expert.act().astype(np.float32)
+
+    def is_success(self) -> bool:
+        assert self.world is not None and self.setup is not None
+        return bool(self.task.success(self.world, self.setup))
+
+    def _obs(self) -> dict[str, Any]:
+        assert self.world is not None
+        images = {slot: self.world.render(slot) for slot in self.slots}
+        if self.randomizer is not None:
+            images = self.randomizer.observe(images, self._rng)
+        state = self.world.bound.state(self.world.data).astype(np.float32)
+        return {"images": images, "state": state}
+
+
+def make(embodiment: str, task: str, *, randomization: Any = None, seed: int | None = None, image_size: int = 128,
+         control_hz: float | None = None, max_steps: int | None = None, **kwargs: Any) -> VLASimEnv:  # fmt: skip
+    """A ``VLASimEnv`` for robot ``embodiment`` (``panda`` or ``sim_panda``, …) and task ``task``."""
+    return VLASimEnv(embodiment, task, randomization=randomization, seed=seed, image_size=image_size,
+                     control_hz=control_hz, max_steps=max_steps, **kwargs)  # fmt: skip
+
+
+__all__ = ["VLASimEnv", "make"]

@@ -1,0 +1,289 @@
+"""``vla sim generate``: scripted-expert demonstrations at scale, written as a LeRobot v3.0 dataset.
+
+Workers are spawned (not forked): a forked child inheriting the parent's EGL/OpenGL context can hang.
+Each episode is a pure function of (seed, episode index): its RNG seed is ``SeedSequence([seed, index])``, so the
+data does not depend on the worker count or order. Workers (processes) simulate; the main process writes
+episodes in index order through ``LeRobotWriter`` (atomic per episode), so
+
+* ``--workers W`` gives the same dataset for any W,
+* ``--shard K --num-shards M`` writes the K-th contiguous block of episode indices (cluster array jobs), and
+  ``vla data merge`` joins the shards,
+* re-running skips finished episodes (the ``sim_index`` of each written episode, plus a progress file for
+  dropped ones), and Ctrl-C leaves a valid dataset of the finished episodes.
+
+Unsuccessful demonstrations are dropped unless ``keep_failed`` (then kept and flagged ``success: false`` in the
+episode metadata), never silently mixed in. Every episode's metadata holds its seed, index, instruction, success
+and the full randomization record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+PROGRESS_FILE = "vla_sim_progress.json"
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What to generate. ``episodes`` counts all shards together; this run writes shard ``shard`` of ``num_shards``."""
+
+    embodiment: str
+    task: str
+    episodes: int
+    out: str
+    workers: int = 1
+    seed: int = 0
+    randomization: str = "none"
+    image_size: int = 128
+    shard: int = 0
+    num_shards: int = 1
+    keep_failed: bool = False
+    vcodec: str = "av1"
+    max_steps: int | None = None  # None = the task's default episode length
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if not 0 <= self.shard < self.num_shards:
+            raise ValueError(f"--shard must be in [0, --num-shards={self.num_shards}), got {self.shard}")
+        if not 16 <= self.image_size <= 1024:
+            raise ValueError(f"--image-size must be in [16, 1024], got {self.image_size}")
+
+    def identity(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the run that started the dataset."""
+        return {k: v for k, v in asdict(self).items() if k not in ("workers", "out")}
+
+
+def shard_range(episodes: int, shard: int, num_shards: int) -> range:
+    """Contiguous block of episode indices of ``shard`` (sizes differ by at most one)."""
+    base, extra = divmod(episodes, num_shards)
+    start = shard * base + min(shard, extra)
+    return range(start, start + base + (1 if shard < extra else 0))
+
+
+def episode_seed(seed: int, index: int) -> int:
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+# ---- one episode (runs in a worker) -------------------------------------------------------------------------
+_ENV: tuple[tuple, Any] | None = None  # (settings, env): one env per process, rebuilt when settings change
+
+
+def _env(cfg: GenerateConfig):
+    global _ENV
+    key = (cfg.embodiment, cfg.task, cfg.randomization, cfg.image_size, cfg.max_steps)
+    if _ENV is None or _ENV[0] != key:
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        from vla.sim.env import make
+
+        _ENV = (
+            key,
+            make(
+                cfg.embodiment,
+                cfg.task,
+                randomization=cfg.randomization,
+                image_size=cfg.image_size,
+                max_steps=cfg.max_steps,
+            ),
+        )
+    return _ENV[1]
+
+
+def run_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
+    """Simulate episode ``index`` with the scripted expert: frames ``{feature: [T, ...]}``, tasks and metadata."""
+    env = _env(cfg)
+    seed = episode_seed(cfg.seed, index)
+    obs, info = env.reset(seed=seed)
+    images: dict[str, list[np.ndarray]] = {slot: [] for slot in obs["images"]}
+    states, actions = [], []
+    success = False
+    while True:
+        action = np.asarray(env.expert_action(), dtype=np.float32)
+        for slot, img in obs["images"].items():
+            images[slot].append(img)
+        states.append(np.asarray(obs["state"], dtype=np.float32))
+        actions.append(action)
+        obs, _, terminated, truncated, step_info = env.step(action)
+        success = bool(step_info.get("success", terminated))
+        if terminated or truncated:
+            break
+    frames = {f"observation.images.{slot}": np.stack(v) for slot, v in images.items()}
+    frames["observation.state"] = np.stack(states)
+    frames["action"] = np.stack(actions)
+    meta = {
+        "sim_index": index,
+        "sim_seed": seed,
+        "success": success,
+        "instruction": info["instruction"],
+        "task_name": cfg.task,
+        "embodiment": cfg.embodiment,
+        "steps": len(actions),
+        "randomization": info.get("randomization", {}),
+    }
+    return {
+        "index": index,
+        "frames": frames,
+        "task": info["instruction"],
+        "metadata": meta,
+        "success": success,
+    }
+
+
+def _worker(args: tuple[GenerateConfig, int]) -> dict[str, Any]:
+    return run_episode(*args)
+
+
+# ---- the run ----------------------------------------------------------------------------------------------
+def _progress(out: Path) -> dict[str, Any]:
+    p = out / "meta" / PROGRESS_FILE
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def _save_progress(out: Path, progress: dict[str, Any]) -> None:
+    p = out / "meta" / PROGRESS_FILE
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(progress))
+    os.replace(tmp, p)
+
+
+def _written_indices(out: Path) -> set[int]:
+    if not (out / "meta" / "info.json").is_file():
+        return set()
+    from vla.data.readers.lerobot import LeRobotReader
+
+    reader = LeRobotReader(out)
+    return {
+        int(reader.episode_metadata("train", e)["sim_index"]) for e in range(reader.num_episodes("train"))
+    }
+
+
+def _features(sample: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    feats: dict[str, dict[str, Any]] = {}
+    for key, arr in sample["frames"].items():
+        if key.startswith("observation.images."):
+            feats[key] = {"dtype": "video", "shape": list(arr.shape[1:])}
+        else:
+            feats[key] = {"dtype": "float32", "shape": list(arr.shape[1:])}
+    return feats
+
+
+def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any]:
+    """Run (or resume) a generation; returns counts ``{"written", "dropped", "skipped", "out"}``."""
+    from tqdm import tqdm
+
+    from vla.data.writers.lerobot import LeRobotWriter
+
+    out = Path(cfg.out)
+    progress = _progress(out)
+    if progress and progress.get("config") != cfg.identity():
+        raise ValueError(
+            f"{out} was generated with {progress.get('config')}; these settings differ ({cfg.identity()}). "
+            "Use a new --out, or the same settings to resume."
+        )
+    progress = {"config": cfg.identity(), "dropped": progress.get("dropped", [])}
+    done = _written_indices(out) | set(progress["dropped"])
+    todo = [i for i in shard_range(cfg.episodes, cfg.shard, cfg.num_shards) if i not in done]
+    counts = {
+        "written": 0,
+        "dropped": 0,
+        "skipped": len(shard_range(cfg.episodes, cfg.shard, cfg.num_shards)) - len(todo),
+        "out": str(out),
+    }
+    if not todo:
+        return counts
+    pool = mp.get_context("spawn").Pool(cfg.workers) if cfg.workers > 1 else None
+    results: Iterator[dict[str, Any]] = (
+        pool.imap(_worker, [(cfg, i) for i in todo])
+        if pool is not None
+        else (run_episode(cfg, i) for i in todo)
+    )
+    writer = None
+    bar = tqdm(total=len(todo), desc=f"{cfg.embodiment}/{cfg.task}", disable=not progress_bar, unit="ep")
+    try:
+        for res in results:
+            if res["success"] or cfg.keep_failed:
+                if writer is None:
+                    spec = _env(cfg).embodiment_spec
+                    writer = LeRobotWriter(
+                        out,
+                        fps=round(spec.control_hz),
+                        features=_features(res),
+                        robot_type=spec.name,
+                        vcodec=cfg.vcodec,
+                        mode="append",
+                    )
+                writer.add_episode(res["frames"], res["task"], res["metadata"])
+                counts["written"] += 1
+            else:
+                progress["dropped"].append(res["index"])
+                counts["dropped"] += 1
+            _save_progress(out, progress)
+            bar.update(1)
+            bar.set_postfix(kept=counts["written"], dropped=counts["dropped"])
+    except KeyboardInterrupt:
+        log.warning(
+            "interrupted: %s holds the %d episodes finished so far; re-run to continue",
+            out,
+            counts["written"],
+        )
+        raise
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+        if writer is not None:
+            writer.finalize()
+    return counts
+
+
+def merge_datasets(sources: list[str | Path], out: str | Path) -> Path:
+    """``vla data merge``: join LeRobot datasets with the same features (e.g. generation shards) into ``out``.
+
+    Episodes are ordered by their ``sim_index`` when every source has one (so merged shards equal a single-run
+    dataset), else source by source. Frames are re-read and re-encoded; episode metadata is kept.
+    """
+    from vla.data.convert import _jsonable_meta
+    from vla.data.readers.lerobot import LeRobotReader
+    from vla.data.writers.lerobot import LeRobotWriter
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
+    readers = [LeRobotReader(s) for s in sources]
+    feats = [{k: (f.kind, f.shape) for k, f in r.features().items()} for r in readers]
+    for r, f in zip(readers[1:], feats[1:]):
+        if f != feats[0]:
+            raise ValueError(
+                f"{r.path} has features {f}, unlike {readers[0].path} {feats[0]}; only like datasets merge"
+            )
+    items = [(r, e, r.episode_metadata("train", e)) for r in readers for e in range(r.num_episodes("train"))]
+    if all("sim_index" in m for _, _, m in items):
+        items.sort(key=lambda x: int(x[2]["sim_index"]))
+    info = readers[0].lerobot_info()
+    user = {
+        k: v
+        for k, v in info["features"].items()
+        if k not in ("timestamp", "frame_index", "episode_index", "index", "task_index")
+    }
+    with LeRobotWriter(
+        out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="create"
+    ) as w:
+        for r, e, meta in items:
+            raw = r.read_episode("train", e)
+            imgs = r.read_images("train", e, list(range(raw.length)), r.image_keys())
+            frames = {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}
+            w.add_episode(frames, [str(t) for t in raw.steps["task"]], _jsonable_meta(meta))
+    return out
