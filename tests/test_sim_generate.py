@@ -113,3 +113,40 @@ def test_output_loads_in_our_loader_with_instructions_and_randomization(tmp_path
         p in {meta["instruction"], r.episode_metadata("train", 1)["instruction"]} for p in batch.prompt
     )
     assert np.isfinite(batch.actions.numpy()).all()
+
+
+def test_cli_generate_merge_and_preview(tmp_path: Path, capsys) -> None:
+    from vla.cli import main
+
+    common = ["--embodiment", "panda", "--task", "reach", "--episodes", "2", "--image-size", "48"]
+    for k in range(2):
+        assert (
+            main(
+                [
+                    "sim",
+                    "generate",
+                    *common,
+                    "--out",
+                    str(tmp_path / f"s{k}"),
+                    "--shard",
+                    str(k),
+                    "--num-shards",
+                    "2",
+                ]
+            )
+            == 0
+        )
+    assert "wrote 1 episodes" in capsys.readouterr().out
+    assert (
+        main(["data", "merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 0
+    )
+    assert [e[0] for e in _episodes(tmp_path / "m")] == [0, 1]
+    assert (
+        main(["sim", "preview", "--embodiment", "panda", "--task", "reach", "--out", str(tmp_path / "p.gif")])
+        == 0
+    )
+    from PIL import Image
+
+    assert Image.open(tmp_path / "p.gif").n_frames > 2
+    assert main(["sim", "generate", *common, "--out", str(tmp_path / "x"), "--shard", "3"]) == 2
+    assert "--shard must be in [0, --num-shards=1)" in capsys.readouterr().err

@@ -21,6 +21,11 @@ Set ``MUJOCO_GL=egl`` before importing mujoco for headless rendering. ``vla.sim`
 
 from __future__ import annotations
 
+import os
+
+# Headless offscreen rendering by default (CI, clusters); a user with a display may set MUJOCO_GL=glfw first.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
 from vla.sim.embodiment import embodiment_for, procedural_embodiment_spec, sim_embodiment_spec
 from vla.sim.handles import ArmHandles, BoundRobot, RobotHandles
 from vla.sim.objects import OBJECT_KINDS, ObjectHandles, add_object
