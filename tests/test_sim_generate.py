@@ -150,3 +150,13 @@ def test_cli_generate_merge_and_preview(tmp_path: Path, capsys) -> None:
     assert Image.open(tmp_path / "p.gif").n_frames > 2
     assert main(["sim", "generate", *common, "--out", str(tmp_path / "x"), "--shard", "3"]) == 2
     assert "--shard must be in [0, --num-shards=1)" in capsys.readouterr().err
+
+
+def test_sim_mix_names_are_generatable_robot_task_pairs() -> None:
+    from vla.data.mixture import get_mixture
+    from vla.sim import ROBOTS
+    from vla.sim.tasks import TASKS
+
+    pairs = {f"sim_{r}_{t}" for r in ROBOTS.names() for t in TASKS.names()}
+    names = [d.name for d in get_mixture("sim_mix").datasets]
+    assert names and set(names) <= pairs, sorted(set(names) - pairs)
