@@ -28,7 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import PEER_DIR, PEER_VENV, peak_rss_mb, run_child, run_peer, stats3
+from harness import PEER_DIR, PEER_VENV, emit, peak_rss_mb, run_child, run_peer, stats3
 
 PEER_CACHE = Path(os.environ.get("PEER_LEROBOT_CACHE", "/tmp/peer_lerobot_cache"))
 PEER_DATASET = PEER_CACHE / "lerobot_v3_sample"
@@ -267,10 +267,7 @@ def main() -> None:
             if p and o:
                 ratios[f"w{workers}_ours_nocache_vs_lerobot_torchcodec"] = o / p
         res["speedup"] = ratios
-    line = json.dumps(res, separators=(",", ":"))
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

@@ -57,3 +57,11 @@ def run_peer(bench_args: list[str], out: Path, timeout: int = 3600) -> dict:
     if proc.returncode != 0 or not out.exists():
         return {"error": proc.stderr[-3000:]}
     return json.loads(out.read_text())
+
+
+def emit(result: dict, out: str = "") -> None:
+    """Print the result as one JSON line (and write it to ``out`` when given)."""
+    line = json.dumps(result, separators=(",", ":"), default=float)
+    if out:
+        Path(out).write_text(line + "\n")
+    print(line)

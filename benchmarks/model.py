@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import peak_rss_mb, run_child, run_peer, stats3
+from harness import emit, peak_rss_mb, run_child, run_peer, stats3
 
 TASKS = [
     "pick up the red cube and place it in the bowl",
@@ -221,10 +221,7 @@ def main() -> None:
             if pb and o:
                 ratios[f"infer_{mode}_vs_peer_bf16_speedup"] = pb / o
         res["speedup"] = ratios
-    line = json.dumps(res, separators=(",", ":"))
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import emit
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def main() -> None:
     import mujoco
-    import numpy as np
 
     from vla.sim.env import make
     from vla.sim.generate import GenerateConfig, generate
@@ -100,9 +101,7 @@ def main() -> None:
         t0 = time.perf_counter()
         counts = generate(cfg, progress_bar=False)
         dt = time.perf_counter() - t0
-        frames = sum(
-            int(x) for x in [json.loads((tmp / "ds" / "meta" / "info.json").read_text())["total_frames"]]
-        )
+        frames = int(json.loads((tmp / "ds" / "meta" / "info.json").read_text())["total_frames"])
         res["generate"][f"workers_{workers}"] = {
             "episodes": counts["written"],
             "seconds": dt,
@@ -111,11 +110,7 @@ def main() -> None:
         }
         shutil.rmtree(tmp, ignore_errors=True)
     res["cpu_count"] = os.cpu_count()
-    line = json.dumps(res, separators=(",", ":"), default=float)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
-    del np
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def _fps(reader: DatasetReader, keymap: Any | None) -> int:
     return max(1, round(float(fps)))
 
 
-def _jsonable_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def writer_episode_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """The source's episode metadata, minus the columns the LeRobot writer owns (a LeRobot source's ``tasks``...)."""
     from vla.data.inspect import to_jsonable
     from vla.data.writers.lerobot import _RESERVED
@@ -112,7 +112,7 @@ def convert_dataset(
                 meta = {
                     "source_split": s,
                     "source_episode": ep,
-                    **_jsonable_meta(reader.episode_metadata(s, ep)),
+                    **writer_episode_metadata(reader.episode_metadata(s, ep)),
                 }
                 if keymap is not None:
                     std = standardize_episode(reader, s, ep, keymap)

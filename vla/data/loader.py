@@ -147,7 +147,7 @@ class VLALoader:
             world_size=world_size,
             drop_last=drop_last,
             stream=stream,
-            offsets=dataset._src_offsets[:-1].astype(np.int64),
+            offsets=dataset.source_offsets,
         )
         if len(self.order) == 0:
             raise ValueError(

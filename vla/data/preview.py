@@ -65,9 +65,7 @@ def preview_episode(
     path: str | Path, out: str | Path, *, split: str | None = None, episode: int = 0, fps: float | None = None
 ) -> Path:
     """Write ``out`` (.mp4 or .gif) showing ``episode`` of the dataset at ``path``; returns the path."""
-    out = Path(out)
-    if out.suffix.lower() not in (".mp4", ".gif"):
-        raise ValueError(f"--out {out}: the preview must be a .mp4 or .gif file")
+    out = preview_path(out)
     reader = open_dataset(path)
     splits = reader.splits()
     split = split or ("train" if "train" in splits else splits[0])
@@ -114,18 +112,27 @@ def preview_episode(
         x = round(x0 + i / fps * px_per_s)
         bottom[:, max(0, x - 1) : x + 1] = (220, 30, 30)
         composed.append(np.concatenate([top, bottom], axis=0))
+    return write_preview(out, composed, fps)
+
+
+def preview_path(out: str | Path) -> Path:
+    """``out`` as a Path, or a clear error when it is not a .mp4/.gif file (checked before any work is done)."""
+    out = Path(out)
+    if out.suffix.lower() not in (".mp4", ".gif"):
+        raise ValueError(f"--out {out}: the preview must be a .mp4 or .gif file")
+    return out
+
+
+def write_preview(out: str | Path, frames: list[np.ndarray], fps: float) -> Path:
+    """Write uint8 ``[H, W, 3]`` frames as a GIF (Pillow) or an H.264 MP4; shared by data and sim previews."""
+    out = preview_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".gif":
         from PIL import Image
 
-        ims = [Image.fromarray(f) for f in composed]
+        ims = [Image.fromarray(f) for f in frames]
         ims[0].save(out, save_all=True, append_images=ims[1:], duration=int(1000 / fps), loop=0)
-    else:
-        _write_mp4(out, composed, fps)
-    return out
-
-
-def _write_mp4(out: Path, frames: list[np.ndarray], fps: float) -> None:
+        return out
     from vla.data.video_encode import VideoEncoder
 
     h, w = frames[0].shape[:2]
@@ -135,3 +142,4 @@ def _write_mp4(out: Path, frames: list[np.ndarray], fps: float) -> None:
     for f in frames:
         encoder.write(np.ascontiguousarray(f[:h2, :w2]))
     encoder.close()
+    return out

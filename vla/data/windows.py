@@ -111,6 +111,12 @@ class WindowDataset(Dataset):
         self._cache: OrderedDict[tuple[int, int], StdEpisode] = OrderedDict()
         self.epoch = 0
 
+    @property
+    def source_offsets(self) -> np.ndarray:
+        """int64 ``[num_sources]``: flat index of each source's first sample (sample ``i`` of source ``k`` is
+        ``source_offsets[k] + i``)."""
+        return self._src_offsets[:-1].astype(np.int64)
+
     def __len__(self) -> int:
         return int(self._src_offsets[-1])
 

@@ -255,7 +255,7 @@ def merge_datasets(sources: list[str | Path], out: str | Path) -> Path:
     Episodes are ordered by their ``sim_index`` when every source has one (so merged shards equal a single-run
     dataset), else source by source. Frames are re-read and re-encoded; episode metadata is kept.
     """
-    from vla.data.convert import _jsonable_meta
+    from vla.data.convert import writer_episode_metadata
     from vla.data.readers.lerobot import LeRobotReader
     from vla.data.writers.lerobot import LeRobotWriter
 
@@ -285,5 +285,5 @@ def merge_datasets(sources: list[str | Path], out: str | Path) -> Path:
             raw = r.read_episode("train", e)
             imgs = r.read_images("train", e, list(range(raw.length)), r.image_keys())
             frames = {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}
-            w.add_episode(frames, [str(t) for t in raw.steps["task"]], _jsonable_meta(meta))
+            w.add_episode(frames, [str(t) for t in raw.steps["task"]], writer_episode_metadata(meta))
     return out

@@ -18,12 +18,10 @@ def preview_expert(
     image_size: int = 192,
 ) -> Path:
     """Write ``out`` (.mp4 or .gif) of the expert solving ``task`` on ``embodiment`` for episode seed ``seed``."""
-    from vla.data.video_encode import VideoEncoder
+    from vla.data.preview import preview_path, write_preview
     from vla.sim.env import make
 
-    out = Path(out)
-    if out.suffix.lower() not in (".mp4", ".gif"):
-        raise ValueError(f"--out {out}: the preview must be a .mp4 or .gif file")
+    out = preview_path(out)
     env = make(embodiment, task, randomization=randomization, image_size=image_size)
     obs, info = env.reset(seed=seed)
     frames = []
@@ -33,19 +31,7 @@ def preview_expert(
         if terminated or truncated:
             frames.append(np.concatenate([obs["images"][k] for k in obs["images"]], axis=1))
             break
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fps = 10
-    if out.suffix.lower() == ".gif":
-        from PIL import Image
-
-        ims = [Image.fromarray(f) for f in frames]
-        ims[0].save(out, save_all=True, append_images=ims[1:], duration=int(1000 / fps), loop=0)
-    else:
-        h, w = frames[0].shape[:2]
-        enc = VideoEncoder(out, fps, h - h % 2, w - w % 2, vcodec="h264")
-        for f in frames:
-            enc.write(np.ascontiguousarray(f[: h - h % 2, : w - w % 2]))
-        enc.close()
+    write_preview(out, frames, env.control_hz)
     print(
         f"{embodiment}/{task} seed {seed}: {info['instruction']!r}, success={bool(step_info.get('success'))}, "
         f"{len(frames) - 1} steps"
