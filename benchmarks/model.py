@@ -7,8 +7,11 @@ Config (both sides): SmolVLM-family backbone, vision 384 x 4 layers at 224 px, t
 action 7, chunk 50, prompt <= 48 tokens; backbone frozen (expert, projections and heads trained).
 Measured: a training step (forward + backward + grad-clip + AdamW + LR-scheduler step, batch 8) in fp32 and with
 bf16 autocast, and one-chunk inference (batch 1, 10 flow steps) in fp32 and bf16 autocast (both sides), plus our
-serving mode (``prepare_inference``: bf16 weights, optionally a compiled expert), each with its peak RSS; every
-measurement in its own subprocess. Model FLOPs utilisation is not reported (the peak matmul rate is in DESIGN §10).
+serving modes (``prepare_inference``: fp32 or bf16 weights, optionally compiled with frozen weights), each with
+its peak RSS; every measurement in its own subprocess. Serving modes also report how far their chunk is from the
+fp32 eager chunk (same weights, same noise). Model FLOPs utilization: the FLOPs of one chunk (counted with
+``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the same run
+(DESIGN §10); the peer's MFU uses our count (same architecture; its state token sits in the prefix).
 
     .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--out FILE.json]
 """
@@ -107,24 +110,53 @@ def child_train(job: dict) -> dict:
     }
 
 
+def child_peak(job: dict) -> dict:
+    """The machine's matmul peak (TFLOP/s) per dtype: the best of a few square 2048 matmuls."""
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    out = {}
+    n = 2048
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        best = min(_timed(lambda a=a, b=b: a @ b) for _ in range(10))
+        out[f"{name}_tflops"] = 2 * n**3 / best / 1e12
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def child_infer(job: dict) -> dict:
     from contextlib import nullcontext
 
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     torch.set_num_threads(job["threads"])
     model, batch = build(1)
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if job["amp"] == "bf16" else nullcontext()
     model.eval()
-    compile_s = None
-    if job["amp"].startswith(
-        "bf16_weights"
-    ):  # serving mode: weights in bf16 (no per-op casts), optional compile
+    compile_s, flops, diff = None, None, None
+    if job["amp"] == "fp32":
+        with FlopCounterMode(display=False) as counter:
+            model.sample_actions(batch, num_steps=10)
+        flops = counter.get_total_flops()
+    if job["amp"] in SERVING:  # serving modes: weights cast (no per-op casts), optionally compiled
         amp = nullcontext()
+        ref = model.sample_actions(batch, num_steps=10, generator=torch.Generator().manual_seed(0))
         t0 = time.perf_counter()
-        model.prepare_inference("bfloat16", compile=job["amp"].endswith("compiled"))
-        model.sample_actions(batch, num_steps=10)  # compile (if any) happens here, outside the timing
-        compile_s = time.perf_counter() - t0
+        model.prepare_inference(*SERVING[job["amp"]])
+        out = model.sample_actions(batch, num_steps=10, generator=torch.Generator().manual_seed(0))
+        compile_s = (
+            time.perf_counter() - t0
+        )  # compiling (if any) happens in this first call, outside the timing
+        diff = float((out - ref).abs().max() / ref.abs().max())
     times = []
     for i in range(job["warmup"] + job["iters"]):
         t0 = time.perf_counter()
@@ -136,11 +168,20 @@ def child_infer(job: dict) -> dict:
     return {
         "amp": job["amp"],
         "prepare_s": compile_s,
+        "flops_per_chunk": flops,
+        "max_abs_diff_vs_fp32_eager_over_max_abs": diff,
         "chunk_shape": [1, CHUNK, ACTION],
         "model_output_shape": list(out.shape),
         "s_per_chunk": stats3(times),
         "peak_rss_mb": peak_rss_mb(),
     }
+
+
+SERVING = {  # mode -> prepare_inference(dtype, compile)
+    "fp32_compiled": ("float32", True),
+    "bf16_weights": ("bfloat16", False),
+    "bf16_weights_compiled": ("bfloat16", True),
+}
 
 
 def run_peer_smolvla(args: argparse.Namespace) -> dict:
@@ -169,7 +210,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "_child":
         job = json.loads(args.job)
-        fn = child_train if job["kind"] == "train" else child_infer
+        fn = {"train": child_train, "infer": child_infer, "peak": child_peak}[job["kind"]]
         print("RESULT " + json.dumps(fn(job)), flush=True)
         return
     from vla.models.tiny import tiny_backbone_path
@@ -187,10 +228,11 @@ def main() -> None:
         res["ours"][f"train_b8_{amp}"] = run_child(
             __file__, {"kind": "train", "batch": 8, "amp": amp, **common}
         )
-    for amp in ("fp32", "bf16", "bf16_weights", "bf16_weights_compiled"):
+    for amp in ("fp32", "bf16", *SERVING):
         res["ours"][f"infer_b1_{amp}"] = run_child(
             __file__, {"kind": "infer", "amp": amp, **common, "iters": 2 * args.iters}
         )
+    res["matmul_peak"] = run_child(__file__, {"kind": "peak", "threads": args.threads})
     if not args.skip_peer:
         peer = run_peer_smolvla(args)
         res["peer_lerobot"] = peer
@@ -214,14 +256,34 @@ def main() -> None:
                 )
         p = peer.get("smolvla_infer_b1_fp32", {}).get("s_per_chunk", {}).get("median")
         pb = peer.get("smolvla_infer_b1_bf16", {}).get("s_per_chunk", {}).get("median")
-        for mode in ("bf16_weights", "bf16_weights_compiled"):
+        for mode in SERVING:
             o = res["ours"][f"infer_b1_{mode}"].get("s_per_chunk", {}).get("median")
             if p and o:
                 ratios[f"infer_{mode}_vs_peer_fp32_speedup"] = p / o
             if pb and o:
                 ratios[f"infer_{mode}_vs_peer_bf16_speedup"] = pb / o
         res["speedup"] = ratios
+    res["inference_mfu"] = _mfu(res)
     emit(res, args.out)
+
+
+def _mfu(res: dict) -> dict:
+    """Achieved TFLOP/s and its fraction of the same dtype's matmul peak, per inference mode (ours and peer's)."""
+    flops = res["ours"].get("infer_b1_fp32", {}).get("flops_per_chunk")
+    peak = res.get("matmul_peak", {})
+    if not flops or "fp32_tflops" not in peak:
+        return {}
+    out = {"flops_per_chunk": flops, "peak_tflops": peak}
+    timings = {f"ours_{k[len('infer_b1_') :]}": v.get("s_per_chunk", {}).get("median") for k, v in res["ours"].items()
+               if k.startswith("infer_b1_")}  # fmt: skip
+    for amp in ("fp32", "bf16"):
+        timings[f"peer_{amp}"] = res.get("peer_lerobot", {}).get(f"smolvla_infer_b1_{amp}", {}).get("s_per_chunk", {}).get("median")  # fmt: skip
+    for name, s in timings.items():
+        if s:
+            tflops = flops / s / 1e12
+            dtype = "bf16" if "bf16" in name else "fp32"
+            out[name] = {"tflops": tflops, "mfu": tflops / peak[f"{dtype}_tflops"]}
+    return out
 
 
 if __name__ == "__main__":

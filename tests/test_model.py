@@ -266,12 +266,35 @@ def test_frozen_backbone_trains_only_expert_and_heads() -> None:
     )
     counts = m.parameter_counts()
     assert counts["vision"]["trainable"] == counts["language"]["trainable"] == 0
-    assert counts["embodiment_tokens"]["trainable"] == 0  # unreachable through frozen layers (see FlowVLA)
+    assert counts["embodiment_tokens"]["trainable"] == counts["embodiment_tokens"]["total"] > 0
     assert counts["expert"]["trainable"] == counts["expert"]["total"] > 0
-    loss, _ = m.train().loss(synthetic_batch(m), generator=torch.Generator().manual_seed(0))
+    batch = synthetic_batch(m)
+    loss, _ = m.train().loss(batch, generator=torch.Generator().manual_seed(0))
     loss.backward()
     assert all(p.grad is None for p in m.backbone.parameters())
     assert all(p.grad is not None for p in m.expert.parameters())
+    # The embodiment token learns through the frozen layers (its own row re-run with autograd), with exactly the
+    # gradient full backpropagation through the backbone gives.
+    full = tiny_model("smolvlm")
+    full.load_state_dict(m.state_dict())
+    ref, _ = full.train().loss(batch, generator=torch.Generator().manual_seed(0))
+    ref.backward()
+    torch.testing.assert_close(loss, ref, atol=1e-6, rtol=1e-6)
+    grad = m.embodiment_tokens.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+    torch.testing.assert_close(grad, full.embodiment_tokens.weight.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_embodiment_token_is_a_summary_token_images_and_prompt_do_not_see_it(model) -> None:
+    batch = synthetic_batch(model)
+    with torch.no_grad():
+        a = model.compute_prefix(batch)
+        model.embodiment_tokens.weight.add_(1.0)
+        b = model.compute_prefix(batch)
+        model.embodiment_tokens.weight.sub_(1.0)
+    for ka, kb in zip(a.keys + a.values, b.keys + b.values, strict=True):
+        torch.testing.assert_close(ka[:, :, :-1], kb[:, :, :-1], atol=0, rtol=0)  # images + prompt unchanged
+        assert not torch.allclose(ka[:, :, -1], kb[:, :, -1])  # the token itself changed
 
 
 @pytest.mark.slow
@@ -282,6 +305,28 @@ def test_compiled_expert_matches_eager() -> None:
     a = eager.sample_actions(batch, generator=torch.Generator().manual_seed(1))
     b = compiled.sample_actions(batch, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None:
+    """prepare_inference(compile=True) freezes weights into the compiled graphs; train() must drop them."""
+    m = tiny_model("smolvlm", seed=0)
+    batch = synthetic_batch(m)
+    ref = m.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+    m.prepare_inference("float32", compile=True)
+    torch.testing.assert_close(
+        m.sample_actions(batch, generator=torch.Generator().manual_seed(1)), ref, atol=1e-4, rtol=1e-4
+    )
+    m.train()  # e.g. a fine-tuning step after serving
+    with torch.no_grad():
+        m.heads.action_out.bias.add_(0.5)
+        m.expert.layers[0].mlp.down_proj.weight.mul_(2.0)
+        m.backbone.layers[0].mlp.down_proj.weight.mul_(2.0)
+    m.eval()
+    new = m.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+    assert (new - ref).abs().max() > 0.1
+    eager = tiny_model("smolvlm", seed=0)
+    eager.load_state_dict(m.state_dict())
+    torch.testing.assert_close(new, eager.sample_actions(batch, generator=torch.Generator().manual_seed(1)))
 
 
 def test_bf16_inference_is_close_to_fp32() -> None:
@@ -345,7 +390,7 @@ def test_expert_mask_state_sees_no_actions_and_nobody_sees_invalid_steps(model) 
 
 
 def test_embodiment_linear_mixed_batch_gradients_match_per_sample_ones() -> None:
-    from vla.models.heads import EmbodimentLinear
+    from vla.models.heads import EmbodimentLinear, route
 
     torch.manual_seed(0)
     lin = EmbodimentLinear(3, 5, 4)
@@ -355,7 +400,7 @@ def test_embodiment_linear_mixed_batch_gradients_match_per_sample_ones() -> None
     mixed = lin.weight.grad.clone(), lin.bias.grad.clone()
     lin.zero_grad()
     for i in range(4):  # one sample at a time: the single-embodiment (plain matmul) path
-        (lin(x[i : i + 1], ids[i : i + 1]) * r[i : i + 1]).sum().backward()
+        (lin(x[i : i + 1], route(ids[i : i + 1])) * r[i : i + 1]).sum().backward()
     torch.testing.assert_close(mixed[0], lin.weight.grad)
     torch.testing.assert_close(mixed[1], lin.bias.grad)
     assert torch.all(mixed[0][1] == 0) and torch.all(mixed[1][1] == 0)
@@ -394,11 +439,11 @@ def test_euler_sampling_runs_from_noise_at_t1_to_actions_at_t0(model, monkeypatc
     target = torch.randn(4, 6, model.cfg.max_action_dim, generator=torch.Generator().manual_seed(2))
     times = []
 
-    def exact(prefix, state, ids, x, t, step_valid):
+    def exact(plan, slots, x, t):
         times.append(float(t[0]))
         return (x - target) / t[:, None, None]
 
-    monkeypatch.setattr(model, "velocity", exact)
+    monkeypatch.setattr(model, "flow_step", exact)
     out = model.sample_actions(batch, num_steps=4, generator=torch.Generator().manual_seed(0))
     assert times == [1.0, 0.75, 0.5, 0.25]
     ids = batch.embodiment_id

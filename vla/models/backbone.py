@@ -13,6 +13,7 @@ PaliGemma/PaliGemma2), or ``tiny:<family>[:<size>]`` for a small randomly initia
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +118,20 @@ class VLMBackbone(nn.Module):
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
         self.hidden_size = int(self.text_config.hidden_size)
+        # serving replaces these with compiled versions (FlowVLA.prepare_inference); train() restores them
+        self._encode_pixels: Callable[[torch.Tensor], torch.Tensor] = self.encode_pixels
+        self._run_layers: Callable[..., tuple[list[torch.Tensor], list[torch.Tensor]]] = self.run_layers
         self.set_trainable()
+
+    def compile_for_serving(self, compile_fn: Callable[[Callable], Callable]) -> None:
+        """Use ``compile_fn(fn)`` versions of the vision tower + projector and of the language layers."""
+        self._encode_pixels = compile_fn(self.encode_pixels)
+        self._run_layers = compile_fn(self.run_layers)
+
+    def train(self, mode: bool = True) -> VLMBackbone:
+        if mode:  # compiled for serving with frozen weights: drop before weights can change
+            self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
+        return super().train(mode)
 
     # ---- construction ----------------------------------------------------------------------------------------
     @classmethod
@@ -166,6 +180,14 @@ class VLMBackbone(nn.Module):
 
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 ``[N, H, W, 3]`` -> image tokens ``[N, n_tok, D]`` (resize, normalize, vision tower, projector)."""
+        return self._encode_pixels(self.pixels(images))
+
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Normalized pixels ``[N, 3, S, S]`` -> image tokens ``[N, n_tok, D]`` (vision tower, projector)."""
+        return self.projector(self.vision(pixel_values=pixels).last_hidden_state)
+
+    def pixels(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[N, H, W, 3]`` -> the vision tower's input ``[N, 3, S, S]`` (resized, normalized)."""
         x = images.permute(0, 3, 1, 2).float() / 255.0  # resize in float32 (antialiasing has no bf16 kernel)
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = F.interpolate(
@@ -175,8 +197,7 @@ class VLMBackbone(nn.Module):
                 antialias=True,
                 align_corners=False,
             )
-        x = ((x - self.pixel_mean.float()) / self.pixel_std.float()).to(self.pixel_mean.dtype)
-        return self.projector(self.vision(pixel_values=x).last_hidden_state)
+        return ((x - self.pixel_mean.float()) / self.pixel_std.float()).to(self.pixel_mean.dtype)
 
     def embed_prefix(
         self,
@@ -190,6 +211,7 @@ class VLMBackbone(nn.Module):
         device = embodiment_token.device
         b = embodiment_token.shape[0]
         parts, valid = [], []
+        slots, pixels = [], []
         for slot in [s for s in IMAGE_SLOTS if s in images]:
             present = image_mask[slot].to(device)
             frames = images[slot][:, -1]  # [B, H, W, 3], on the loader's device (CPU or the model's)
@@ -197,12 +219,14 @@ class VLMBackbone(nn.Module):
             if len(rows) == 0:
                 continue
             # vision only for samples that have this camera; select on the frames' device, then move only those
-            picked = frames.index_select(0, rows.to(frames.device)).to(device)
+            slots.append((present, rows))
+            pixels.append(self.pixels(frames.index_select(0, rows.to(frames.device)).to(device)))
+        if pixels:  # every present image of every slot through the vision tower in one batch
             with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.freeze_vision):
-                tok = self.image_tokens(picked)
-            full = tok.new_zeros(b, *tok.shape[1:]).index_copy(0, rows, tok)
-            parts.append(full)
-            valid.append(present[:, None].expand(-1, tok.shape[1]))
+                tokens = self._encode_pixels(torch.cat(pixels)).split([len(r) for _, r in slots])
+            for (present, rows), tok in zip(slots, tokens, strict=True):
+                parts.append(tok.new_zeros(b, *tok.shape[1:]).index_copy(0, rows, tok))
+                valid.append(present[:, None].expand(-1, tok.shape[1]))
         ids, mask = self.tokenize(prompts, device)
         parts.append(self.embed_tokens(ids).to(embodiment_token.dtype))
         valid.append(mask)
@@ -211,14 +235,47 @@ class VLMBackbone(nn.Module):
         return torch.cat(parts, dim=1), torch.cat(valid, dim=1)
 
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> Prefix:
-        """Run the language layers over the prefix (bidirectional among valid tokens) and collect every layer's
-        keys/values. The last layer's attention/MLP are skipped: only its keys/values are ever read."""
+        """Run the language layers over the prefix and collect every layer's keys/values. The last layer's
+        attention/MLP are skipped: only its keys/values are ever read.
+
+        Attention is bidirectional among valid tokens, except that the last token (the embodiment token of
+        ``embed_prefix``) is a summary token: it attends to every valid token, but no other token attends to it.
+        Images and prompt are therefore encoded exactly as the pretrained VLM encodes them, and with a frozen
+        backbone the token still learns cheaply (``refresh_summary_token``)."""
         check_window(self.text_config, tokens.shape[1], "the prefix")
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = self.rotary(tokens, positions)
         p = tokens.shape[1]
         # a padded query row attends to itself only (keeps softmax finite); nobody attends to padding
-        mask = (valid[:, None, :] | torch.eye(p, dtype=torch.bool, device=valid.device)[None]).unsqueeze(1)
+        mask = valid[:, None, :] | torch.eye(p, dtype=torch.bool, device=valid.device)[None]
+        mask[:, :-1, -1] = False  # the summary token is seen by nobody but itself
+        mask = mask.unsqueeze(1)
+        keys, values = self._run_layers(tokens, cos, sin, mask)
+        return Prefix(keys=keys, values=values, valid=valid, length=valid.sum(-1))
+
+    def refresh_summary_token(self, prefix: Prefix, token: torch.Tensor) -> Prefix:
+        """``prefix`` with its last token's keys/values recomputed from ``token`` ``[B, D]`` (with autograd).
+
+        No other token attends to the summary token, so their keys/values (computed without autograd when the
+        backbone is frozen) are unchanged; this runs one token per sample through the layers, so a frozen backbone
+        still trains the embodiment token at almost no cost."""
+        n = len(self.layers)
+        positions = (prefix.length - 1)[:, None]  # the summary token is the last valid token
+        h = token[:, None].to(prefix.keys[0].dtype)
+        cos, sin = self.rotary(h, positions)
+        mask = prefix.valid[:, None, None, :]  # [B, 1, 1, P]: every valid prefix token, itself included
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            past = (prefix.keys[i][:, :, :-1], prefix.values[i][:, :, :-1])
+            h, (k, v) = decoder_layer(layer, h, cos, sin, mask, past, keys_only=i == n - 1)
+            keys.append(torch.cat([past[0], k], dim=2))
+            values.append(torch.cat([past[1], v], dim=2))
+        return Prefix(keys=keys, values=values, valid=prefix.valid, length=prefix.length)
+
+    def run_layers(
+        self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The language layers over prefix tokens ``[B, P, D]``: every layer's keys and values ``[B, KV, P, d]``."""
         keys, values = [], []
         h = tokens
         for i, layer in enumerate(self.layers):
@@ -229,7 +286,7 @@ class VLMBackbone(nn.Module):
                 h, (k, v) = decoder_layer(layer, h, cos, sin, mask, keys_only=last)
             keys.append(k)
             values.append(v)
-        return Prefix(keys=keys, values=values, valid=valid, length=valid.sum(-1))
+        return keys, values
 
 
 def _image_norm(source: str) -> tuple[list[float], list[float]]:

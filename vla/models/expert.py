@@ -13,6 +13,7 @@ concatenate; only the residual width differs (``width_ratio`` x the backbone's).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -71,22 +72,76 @@ class ActionExpert(nn.Module):
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor, prefix: Prefix, suffix_valid: torch.Tensor) -> torch.Tensor:
-        """``x`` suffix tokens ``[B, T, width]`` (state first, then actions), ``suffix_valid`` ``[B, T]``."""
-        b, t, _ = x.shape
-        check_window(self.config, prefix.valid.shape[1] + t, "prefix + [state, actions]")
-        positions = prefix.length[:, None] + torch.arange(t, device=x.device)[None]
-        cos, sin = self.rotary(x, positions)
-        # [B, 1, T, P + T]: prefix part by validity; suffix part: state -> itself, actions -> state + valid actions
+    def context(self, prefix: Prefix) -> SuffixContext:
+        """What every expert pass over this observation attends to besides its own tokens: the prefix."""
+        past = [(prefix.keys[j], prefix.values[j]) for j in self.kv_index]
+        return SuffixContext(past=past, valid=prefix.valid, start=prefix.length)
+
+    def extend(self, ctx: SuffixContext, state: torch.Tensor) -> SuffixContext:
+        """Run the state token(s) ``[B, S, width]`` once and append their per-layer keys/values to ``ctx``.
+
+        The state token attends to the prefix and itself only, so its keys/values are the same at every flow
+        step: ``sample_actions`` computes them once and each Euler step runs only the action tokens (exactly the
+        joint ``[state, actions]`` pass of ``forward``, with the state rows left out)."""
+        b, s, _ = state.shape
+        plan = self.plan(ctx, state.new_ones(b, s, dtype=torch.bool), isolate_first=False)
+        past = []
+        h = state
+        for i, layer in enumerate(self.layers):
+            last = i == len(self.layers) - 1
+            h, (k, v) = decoder_layer(layer, h, plan.cos, plan.sin, plan.mask, plan.past[i], keys_only=last)
+            past.append((torch.cat([ctx.past[i][0], k], dim=2), torch.cat([ctx.past[i][1], v], dim=2)))
+        valid = torch.cat([ctx.valid, ctx.valid.new_ones(b, s)], dim=1)
+        return SuffixContext(past=past, valid=valid, start=ctx.start + s)
+
+    def plan(self, ctx: SuffixContext, suffix_valid: torch.Tensor, *, isolate_first: bool) -> ExpertPlan:
+        """RoPE angles and the attention mask of a suffix ``[B, T]`` over ``ctx`` (computed once, reused by every
+        flow step). ``isolate_first``: token 0 (the state) sees the context and itself only."""
+        b, t = suffix_valid.shape
+        check_window(self.config, ctx.valid.shape[1] + t, "prefix + [state, actions]")
+        positions = ctx.start[:, None] + torch.arange(t, device=suffix_valid.device)[None]
+        cos, sin = self.rotary(ctx.past[0][0], positions)  # in the keys' dtype
         suffix = suffix_valid[:, None, :].expand(b, t, t).clone()
-        suffix[:, 0, 1:] = False
-        eye = torch.eye(t, dtype=torch.bool, device=x.device)[None]
-        mask = torch.cat([prefix.valid[:, None, :].expand(b, t, -1), suffix | eye], dim=-1).unsqueeze(1)
+        if isolate_first:
+            suffix[:, 0, 1:] = False
+        eye = torch.eye(t, dtype=torch.bool, device=suffix_valid.device)[None]
+        mask = torch.cat([ctx.valid[:, None, :].expand(b, t, -1), suffix | eye], dim=-1).unsqueeze(1)
+        return ExpertPlan(cos=cos, sin=sin, mask=mask, past=ctx.past)
+
+    def run(self, x: torch.Tensor, plan: ExpertPlan) -> torch.Tensor:
+        """The expert layers over suffix tokens ``x`` ``[B, T, width]`` -> ``[B, T, width]`` (normed)."""
         h = x
         for i, layer in enumerate(self.layers):
-            past = (prefix.keys[self.kv_index[i]], prefix.values[self.kv_index[i]])
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                h, _ = checkpoint(decoder_layer, layer, h, cos, sin, mask, past, use_reentrant=False)
+                h, _ = checkpoint(
+                    decoder_layer, layer, h, plan.cos, plan.sin, plan.mask, plan.past[i], use_reentrant=False
+                )
             else:
-                h, _ = decoder_layer(layer, h, cos, sin, mask, past)
+                h, _ = decoder_layer(layer, h, plan.cos, plan.sin, plan.mask, plan.past[i])
         return self.norm(h)
+
+    def forward(self, x: torch.Tensor, prefix: Prefix, suffix_valid: torch.Tensor) -> torch.Tensor:
+        """``x`` suffix tokens ``[B, T, width]`` (state first, then actions), ``suffix_valid`` ``[B, T]``: the joint
+        pass training uses (``sample_actions`` caches the state with ``extend`` instead)."""
+        return self.run(x, self.plan(self.context(prefix), suffix_valid, isolate_first=True))
+
+
+@dataclass
+class SuffixContext:
+    """Keys/values a suffix attends to besides its own: ``past[i]`` = (keys, values) ``[B, KV, P, d]`` for expert
+    layer ``i``, ``valid`` ``[B, P]``, ``start`` ``[B]`` = position of the suffix's first token."""
+
+    past: list[tuple[torch.Tensor, torch.Tensor]]
+    valid: torch.Tensor
+    start: torch.Tensor
+
+
+@dataclass
+class ExpertPlan:
+    """Per-observation constants of an expert pass: RoPE ``cos``/``sin`` ``[B, T, d]``, boolean ``mask``
+    ``[B, 1, T, P + T]`` and the per-layer ``past`` keys/values."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor
+    past: list[tuple[torch.Tensor, torch.Tensor]]

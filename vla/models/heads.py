@@ -29,9 +29,10 @@ class EmbodimentLinear(nn.Module):
     def num_embodiments(self) -> int:
         return self.weight.shape[0]
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        if ids.numel() and bool((ids == ids[0]).all()):  # one embodiment in the batch: a plain matmul
-            return x @ self.weight[ids[0]] + self.bias[ids[0]]
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | int) -> torch.Tensor:
+        """``ids``: ``[B]`` per-sample slots, or one ``int`` slot for the whole batch (see ``route``)."""
+        if isinstance(ids, int):  # one embodiment in the batch: a plain matmul
+            return x @ self.weight[ids] + self.bias[ids]
         return torch.bmm(x, self.weight[ids]) + self.bias[ids].unsqueeze(1)
 
     @torch.no_grad()
@@ -50,6 +51,14 @@ class EmbodimentLinear(nn.Module):
             )
         self.weight = nn.Parameter(torch.cat([self.weight.data, w]))
         self.bias = nn.Parameter(torch.cat([self.bias.data, b]))
+
+
+def route(ids: torch.Tensor) -> torch.Tensor | int:
+    """How a batch's embodiment ids ``[B]`` are applied: one ``int`` when every sample has the same embodiment
+    (plain matmuls), else the ids (one ``bmm``). Decided once per batch: it reads the ids on the host."""
+    if ids.numel() and bool((ids == ids[0]).all()):
+        return int(ids[0])
+    return ids
 
 
 def sinusoidal_embedding(
@@ -82,16 +91,16 @@ class EmbodimentHeads(nn.Module):
         self.action_mix = EmbodimentLinear(num_embodiments, width, width)
         self.action_out = EmbodimentLinear(num_embodiments, width, max_action_dim)
 
-    def encode_state(self, state: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def encode_state(self, state: torch.Tensor, ids: torch.Tensor | int) -> torch.Tensor:
         return self.state_in(state.unsqueeze(1), ids)
 
-    def encode_actions(self, noisy: torch.Tensor, t: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def encode_actions(self, noisy: torch.Tensor, t: torch.Tensor, ids: torch.Tensor | int) -> torch.Tensor:
         a = self.action_in(noisy, ids)
         tau = sinusoidal_embedding(t, self.width).to(a.dtype).unsqueeze(1).expand(-1, a.shape[1], -1)
         h = F.silu(self.action_time(torch.cat([a, tau], dim=-1), ids))
         return self.action_mix(h, ids)
 
-    def decode_actions(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def decode_actions(self, hidden: torch.Tensor, ids: torch.Tensor | int) -> torch.Tensor:
         return self.action_out(hidden, ids)
 
     def add_slot(self, init_from: int | None = None) -> None:

@@ -23,8 +23,8 @@ from torch import nn
 from vla.embodiments import EmbodimentSpec
 from vla.models.backbone import Prefix, VLMBackbone
 from vla.models.config import ModelConfig
-from vla.models.expert import ActionExpert
-from vla.models.heads import EmbodimentHeads
+from vla.models.expert import ActionExpert, ExpertPlan
+from vla.models.heads import EmbodimentHeads, route
 from vla.models.policies import POLICIES
 from vla.types import Batch
 
@@ -72,6 +72,7 @@ class FlowVLA(nn.Module):
         self._expert_forward = (
             torch.compile(self.expert.forward, dynamic=True) if cfg.expert.compile else self.expert.forward
         )
+        self._serving_step: Callable[..., torch.Tensor] | None = None  # prepare_inference(compile=True)
 
     # ---- embodiment table -------------------------------------------------------------------------------------
     @staticmethod
@@ -94,9 +95,9 @@ class FlowVLA(nn.Module):
         )
 
     def _set_token_trainable(self) -> None:
-        # The embodiment token reaches the loss only through the language layers: with those frozen (and run
-        # without autograd for speed) it cannot learn, so it is frozen too; LoRA/unfrozen layers train it.
-        self.embodiment_tokens.requires_grad_(not self.backbone.frozen)
+        # Always trained: with a frozen backbone only the token's own row runs with autograd
+        # (VLMBackbone.refresh_summary_token), so it costs one token per sample.
+        self.embodiment_tokens.requires_grad_(True)
 
     @property
     def embodiment_ids(self) -> dict[str, int]:
@@ -162,11 +163,14 @@ class FlowVLA(nn.Module):
         """Backbone keys/values of the batch's observation (images, prompt, embodiment token)."""
         ids = batch.embodiment_id.to(self.embodiment_tokens.weight.device)
         self._check_ids(ids)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.backbone.frozen):
-            tokens, valid = self.backbone.embed_prefix(
-                batch.images, batch.image_mask, batch.prompt, self.embodiment_tokens(ids)
-            )
-            return self.backbone(tokens, valid)
+        token = self.embodiment_tokens(ids)
+        grad = torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad and not self.backbone.frozen):
+            tokens, valid = self.backbone.embed_prefix(batch.images, batch.image_mask, batch.prompt, token)
+            prefix = self.backbone(tokens, valid)
+        if grad and self.backbone.frozen and token.requires_grad:
+            prefix = self.backbone.refresh_summary_token(prefix, token)  # the token's row with autograd
+        return prefix
 
     def _padded(self, x: torch.Tensor, mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-pad the last axis of ``x`` (and its mask ``[B, D]``) to the head table ``width``."""
@@ -196,11 +200,20 @@ class FlowVLA(nn.Module):
         Inputs are cast to the heads' dtype, so a model cast to bfloat16 for inference (``model.to(torch.bfloat16)``)
         takes the float32 integration state as it is."""
         dtype = self.heads.action_in.weight.dtype
-        s = self.heads.encode_state(state.to(dtype), ids)
-        a = self.heads.encode_actions(x_t.to(dtype), t, ids)  # t stays float32: it is only embedded
+        slots = route(ids)
+        s = self.heads.encode_state(state.to(dtype), slots)
+        a = self.heads.encode_actions(x_t.to(dtype), t, slots)  # t stays float32: it is only embedded
         valid = torch.cat([step_valid.new_ones(step_valid.shape[0], 1), step_valid], dim=1)
         h = self._expert_forward(torch.cat([s, a], dim=1), prefix, valid)
-        return self.heads.decode_actions(h[:, 1:], ids)
+        return self.heads.decode_actions(h[:, 1:], slots)
+
+    def flow_step(
+        self, plan: ExpertPlan, slots: torch.Tensor | int, x: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
+        """One denoising step of ``sample_actions``: velocity ``[B, H, A_max]`` of noisy actions ``x`` at time ``t``
+        ``[B]``, the state's keys/values already in ``plan`` (``ActionExpert.extend``). What serving compiles."""
+        a = self.heads.encode_actions(x.to(self.heads.action_in.weight.dtype), t, slots)
+        return self.heads.decode_actions(self.expert.run(a, plan), slots)
 
     def _step_valid(self, ids: torch.Tensor, horizon: int) -> torch.Tensor:
         return torch.arange(horizon, device=ids.device)[None] < self.chunk_lengths[ids][:, None]
@@ -267,13 +280,20 @@ class FlowVLA(nn.Module):
         if noise is None:
             noise = _rand(torch.randn, (len(ids), horizon, self.cfg.max_action_dim), generator, dev)
         x = noise.to(dev) * dim_mask[:, None, :]
+        dt = -1.0 / steps
         with self._autocast():
-            prefix = self.compute_prefix(batch) if reuse_prefix else None
-            dt = -1.0 / steps
+            if reuse_prefix:  # prefix and state keys/values, RoPE and masks once; each step runs the actions
+                slots = route(ids)
+                ctx = self.expert.context(self.compute_prefix(batch))
+                s = self.heads.encode_state(state.to(self.heads.state_in.weight.dtype), slots)
+                plan = self.expert.plan(self.expert.extend(ctx, s), step_valid, isolate_first=False)
+                step = self._serving_step or self.flow_step
             for k in range(steps):
                 t = torch.full((len(ids),), 1.0 + k * dt, device=dev)
-                pre = prefix if prefix is not None else self.compute_prefix(batch)
-                v = self.velocity(pre, state, ids, x, t, step_valid)
+                if reuse_prefix:
+                    v = step(plan, slots, x, t)
+                else:  # everything from scratch: the joint [state, actions] pass training uses
+                    v = self.velocity(self.compute_prefix(batch), state, ids, x, t, step_valid)
                 x = (x + dt * v.float()) * dim_mask[:, None, :]
         return x * out_mask
 
@@ -295,9 +315,18 @@ class FlowVLA(nn.Module):
         self.eval().to(dtype)
         for module, name, buf in rope:
             setattr(module, name, buf)
+        self._serving_step = None
         if compile:
-            self._expert_forward = torch.compile(self.expert.forward, dynamic=False)
+            # Inductor "freezing": weights become constants (pre-packed for oneDNN/AMX on CPU, folded on GPU).
+            # Only sample_actions uses it; train() drops it, so later weight updates are never served stale.
+            self._serving_step = _frozen_compile(self.flow_step)
+            self.backbone.compile_for_serving(_frozen_compile)
         return self
+
+    def train(self, mode: bool = True) -> FlowVLA:
+        if mode:
+            self._serving_step = None  # compiled with frozen weights: invalid once training may change them
+        return super().train(mode)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss(batch)
@@ -333,6 +362,25 @@ class FlowVLA(nn.Module):
             }
         out["all"] = {k: sum(v[k] for v in out.values()) for k in ("total", "trainable")}
         return out
+
+
+def _frozen_compile(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``torch.compile(fn)`` with Inductor's weight freezing (constant weights: pre-packed oneDNN linears on CPU).
+
+    Shapes start static and a dimension that changes (the prefix length, when the prompt's token count changes)
+    is recompiled once as dynamic (``dynamic=None``), so a new instruction costs one recompile, not one per length.
+    """
+    compiled = torch.compile(fn, dynamic=None)
+
+    def run(*args: object) -> torch.Tensor:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(
+            freezing=True
+        ):  # read when a graph is compiled (the first call of a shape)
+            return compiled(*args)
+
+    return run
 
 
 def _rand(
