@@ -321,3 +321,35 @@ def test_model_presets_agree_with_their_backbones(preset: str) -> None:
         settings = preset_settings(family, *size)
         assert backbone.image_size == settings["vision"]["image_size"]
         assert backbone.num_vlm_layers <= settings["text"]["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("family", ["smolvlm", "paligemma2"])
+def test_first_n_layers_load_only_those_weights_and_bad_checkpoints_are_refused(
+    family: str, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from vla.models.backbone import load_hf_vlm
+
+    path = str(tiny_backbone_path(family))
+    full, _ = load_hf_vlm(path, family)
+    part, _ = load_hf_vlm(path, family, num_layers=2)
+    assert part.config.text_config.num_hidden_layers == 2
+    full_sd, part_sd = full.state_dict(), part.state_dict()
+    assert len(part_sd) < len(full_sd)
+    for k, v in part_sd.items():  # exactly the checkpoint's weights of what is kept
+        assert torch.equal(v, full_sd[k]), k
+    with pytest.raises(ValueError, match="has 4 language layers"):
+        load_hf_vlm(path, family, num_layers=5)
+    broken = tmp_path / "broken"  # a checkpoint with a tensor missing (e.g. an interrupted download)
+    full.save_pretrained(broken)
+    tiny_dir = Path(path)
+    for f in tiny_dir.iterdir():
+        if f.suffix in {".json", ".txt", ".model"} and not (broken / f.name).exists():
+            (broken / f.name).write_bytes(f.read_bytes())
+    weights = load_file(str(broken / "model.safetensors"))
+    victim = next(k for k in weights if "layers.0." in k and "q_proj" in k)
+    del weights[victim]
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"does not match its config\.json"):
+        load_hf_vlm(str(broken), family, num_layers=2)

@@ -13,6 +13,7 @@ PaliGemma/PaliGemma2), or ``tiny:<family>[:<size>]`` for a small randomly initia
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +38,12 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
-def load_hf_vlm(path: str, family: str, *, weights: bool = True) -> tuple[nn.Module, object]:
+def load_hf_vlm(
+    path: str, family: str, *, weights: bool = True, num_layers: int = 0
+) -> tuple[nn.Module, object]:
     """The HF model (weights from ``path``, or random init from its config when ``weights`` is False) and its
-    tokenizer."""
+    tokenizer. ``num_layers`` > 0 builds only the first that many language layers, so the others' weights are
+    never materialized (SmolVLA-style use of the first N layers of a large VLM costs only what it keeps)."""
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
 
     try:
@@ -51,8 +55,37 @@ def load_hf_vlm(path: str, family: str, *, weights: bool = True) -> tuple[nn.Mod
             "tokenizer files, a hub id that is in your Hugging Face cache (downloads need network access), or "
             "'tiny:<family>' for a small local test model."
         ) from e
+    text = config.text_config
+    if num_layers > text.num_hidden_layers:
+        raise ValueError(
+            f"model.backbone.num_vlm_layers={num_layers} but {path} has {text.num_hidden_layers} language layers"
+        )
+    if 0 < num_layers < text.num_hidden_layers:
+        text.num_hidden_layers = num_layers
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types)[:num_layers]
     if weights:
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the dropped layers' weights are unused on purpose; checked below
+        try:
+            model, info = AutoModelForImageTextToText.from_pretrained(
+                path, config=config, dtype=torch.float32, output_loading_info=True
+            )
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        kept = re.compile(r"layers\.(\d+)\.")
+        dropped = [
+            k for k in info["unexpected_keys"] if (m := kept.search(k)) and int(m.group(1)) >= num_layers > 0
+        ]
+        other = sorted(set(info["unexpected_keys"]) - set(dropped))
+        missing = sorted(k for k in info["missing_keys"] if "lm_head" not in k)
+        if missing or other:
+            raise ValueError(
+                f"{path}: the {family} checkpoint does not match its config.json (missing {missing[:5]}, "
+                f"unexpected {other[:5]}); is model.backbone.family right and the download complete?"
+            )
     else:  # float32 like the weights path: from_config would follow config.dtype (bfloat16 in many hub configs)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     return model, tokenizer
@@ -139,7 +172,7 @@ class VLMBackbone(nn.Module):
         cls, cfg: BackboneConfig, *, weights: bool = True, path: str | None = None
     ) -> VLMBackbone:
         src = path or resolve_pretrained(cfg.pretrained)
-        model, tokenizer = load_hf_vlm(src, cfg.family, weights=weights)
+        model, tokenizer = load_hf_vlm(src, cfg.family, weights=weights, num_layers=cfg.num_vlm_layers)
         return cls(cfg, model=model, tokenizer=tokenizer, source=src)
 
     def set_trainable(self) -> None:
