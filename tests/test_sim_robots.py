@@ -119,6 +119,24 @@ def _finger_gap(world, arm) -> float:
     return float(np.linalg.norm(a - b))
 
 
+def _pad_gap(world, arm) -> float:
+    """Distance between the two finger pads' inner faces (m)."""
+    m = world.model
+    pads = [int(np.flatnonzero(m.geom_bodyid == m.body(f).id)[0]) for f in arm.gripper_joints]
+    centres = np.linalg.norm(world.data.geom_xpos[pads[0]] - world.data.geom_xpos[pads[1]])
+    return float(centres - m.geom_size[pads[0], 1] - m.geom_size[pads[1], 1])
+
+
+def test_pad_gap_spans_the_jaw_range(world) -> None:
+    """The pads' inner faces, not the finger joints, bound what fits in the jaw (WidowX: 9.6 mm inset)."""
+    for command in (0.0, 1.0):
+        world.reset(gripper=command)
+        for arm in world.robot.arms:
+            assert _pad_gap(world, arm) == pytest.approx(arm.jaw_range[int(command)], abs=1e-6), arm.name
+    widowx = build_world("widowx", seed=0).robot.arms[0]
+    assert widowx.jaw_range == pytest.approx((0.0108, 0.0548))
+
+
 def test_gripper_closes_and_opens(world) -> None:
     world.reset(gripper=1.0)
     bound = world.bound
@@ -187,7 +205,7 @@ def test_sim_embodiment_yaml_matches_robot(robot: str) -> None:
 
 def test_every_sim_yaml_has_a_robot() -> None:
     sims = {n for n in EMBODIMENTS.names() if n.startswith("sim_")}
-    assert sims == {f"sim_{r}" for r in FIXED_ROBOTS}
+    assert sims == {f"sim_{r}" for r in FIXED_ROBOTS} | {f"sim_procedural_{d}dof" for d in (4, 5, 6, 7)}
 
 
 def test_procedural_embodiment_spec_follows_dof() -> None:
@@ -283,5 +301,4 @@ def test_closing_gripper_is_blocked_by_an_object(robot: str) -> None:
     action[w.bound.gripper_dims[0]] = 0.0
     w.bound.apply_action(w.data, action)
     w.step(500)
-    gap = np.linalg.norm(w.data.body(arm.gripper_joints[0]).xpos - w.data.body(arm.gripper_joints[1]).xpos)
-    assert 0.035 < gap < 0.05, gap
+    assert 0.035 < _pad_gap(w, arm) < 0.05, _pad_gap(w, arm)

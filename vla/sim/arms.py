@@ -60,8 +60,9 @@ class GripperSpec:
     """A parallel-jaw gripper: a palm body rigidly mounted on the last link, two slide fingers, one servo.
 
     ``mount_pos``/``mount_quat`` place the gripper frame (+z approach, ±y finger travel) in the last link's frame.
-    ``finger_range`` is each finger's travel from the centre plane in m, (closed, open); the jaw opening is twice
-    the finger position. The servo drives the left finger (ctrl in m); a joint equality slaves the right one.
+    ``finger_range`` is each finger joint's travel from the centre plane in m, (closed, open). ``pad_inset`` is
+    how far the finger pad's inner face sits inward of the joint's position (m), so the jaw gap is
+    ``2 · (q − pad_inset)``. The servo drives the left finger (ctrl in m); a joint equality slaves the right one.
     """
 
     mount_pos: Vec3
@@ -78,6 +79,19 @@ class GripperSpec:
     palm_mass: float = 0.3
     finger_mass: float = 0.02
     palm_half: Vec3 = (0.02, 0.04, 0.02)  # palm box half-sizes, m
+    pad_inset: float = 0.0  # m, pad inner face inward of the finger joint position
+
+    def __post_init__(self) -> None:
+        if self.pad_inset >= self.finger_range[1]:
+            raise ValueError(
+                f"gripper: pad_inset {self.pad_inset} must be < the open finger position {self.finger_range[1]}"
+            )
+
+    @property
+    def jaw_range(self) -> tuple[float, float]:
+        """Gap between the finger pads (m), (closed, open)."""
+        lo, hi = self.finger_range
+        return 2 * (lo - self.pad_inset), 2 * (hi - self.pad_inset)
 
 
 @dataclass(frozen=True)
@@ -226,7 +240,10 @@ WIDOWX = ArmSpec(
     name="widowx",
     links=_WIDOWX_LINKS,
     # Gripper frame = gripper_link turned so +z is its +x (approach); fingers at +0.066 slide along y,
-    # 0.015…0.037 m each (30…74 mm); TCP = Interbotix ee_gripper_link at +0.093575 (§4.1, §4.3).
+    # 0.015…0.037 m each (the "30…74 mm" of Trossen's joint-limit table is this joint travel); TCP =
+    # Interbotix ee_gripper_link at +0.093575 (§4.1, §4.3). The pads' contact faces sit 9.6 mm inward of the
+    # finger joint (Menagerie wx250s.xml: finger contact spheres r 0.6 mm at finger-frame y ∓0.009), so the
+    # jaw gap between the pads is 10.8…54.8 mm, and the 0.015 m closed target squeezes a held object.
     gripper=GripperSpec(
         mount_pos=(0, 0, 0),
         mount_quat=RY_POS90,
@@ -240,6 +257,7 @@ WIDOWX = ArmSpec(
         palm_mass=0.01,  # gripper_link's own mass is on the wrist_rotate body above
         finger_mass=0.01625,
         palm_half=(0.02, 0.04, 0.015),
+        pad_inset=0.0096,
     ),
     home=(0.0, -0.96, 1.16, 0.0, -0.3, 0.0),
     base_mass=0.5387,

@@ -4,9 +4,10 @@
 action (joint targets in rad + gripper command in [0, 1], 1 = open) for the current MuJoCo state. A phase is a
 target TCP position (frozen from the state when the phase starts), a gripper command and an exit rule (TCP
 within ``tol`` of the target after ``min_steps``, or ``max_steps`` elapsed). The commanded TCP moves toward the
-target at a bounded speed; an integral term cancels the servos' gravity sag. The gripper points down
-(top-down grasps) with its finger axis turned to the object's faces. With several arms (ALOHA) the arm whose
-base is nearest the target object works, the others hold their home pose.
+target at a bounded speed; the joint targets add the servos' gravity sag (τ_gravity / kp) and an integral term
+takes out what is left. The gripper points down (top-down grasps) with its finger axis turned to the object's
+faces. With several arms (ALOHA) the arm whose base is nearest the objects it must reach works, the others hold
+their home pose.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from vla.sim.ik import ArmIK, finger_yaw, nearest_equivalent, top_down_rotation, wrap_to_nearest
-from vla.sim.tasks import PUSH_DISTANCE, TaskSetup, body_pos
+from vla.sim.tasks import TaskSetup, body_pos
 from vla.sim.world import World
 
 OPEN, CLOSED = 1.0, 0.0
 LIFT = np.array([0.0, 0.0, 0.08])  # m, "above" / retreat offset
+PAD_HALF_WIDTH = 0.01  # m, finger pads' half-width across the finger axis (``vla.sim.robots``)
 
 
 @dataclass
@@ -47,8 +49,7 @@ class ScriptedExpert:
         self.dt = 1.0 / control_hz
         self.scale = control_hz / 10.0  # phase step counts are written for 10 Hz
         bound = world.bound
-        target = setup.goal.get("target")
-        self.arm_index = self._pick_arm(target)
+        self.arm_index = self._pick_arm([setup.goal.get("target"), setup.goal.get("place")])
         arm = world.robot.arms[self.arm_index]
         self.arm = arm
         self.ik = ArmIK(world.model, arm)
@@ -58,6 +59,9 @@ class ScriptedExpert:
         self.qidx = bound.arm_qpos[start : start + arm.dof]
         self.act_joint_dims = bound.joint_dims[start : start + arm.dof]
         self.act_grip_dim = int(bound.gripper_dims[self.arm_index])
+        # Servo stiffness per joint (N·m/rad): a position servo sags by τ_gravity / kp, so the expert adds that.
+        self.dofs = bound.arm_qvel[start : start + arm.dof]
+        self.kp = world.model.actuator_gainprm[bound.arm_ctrl[start : start + arm.dof], 0].copy()
         self.base_action = world.robot.home_action()
         self.q_cmd = world.data.qpos[self.qidx].copy()
         self.pos_cmd = self.ee_pos()
@@ -72,20 +76,23 @@ class ScriptedExpert:
     def ee_pos(self) -> np.ndarray:
         return self.world.data.site_xpos[self.site].copy()
 
-    def _pick_arm(self, target: str | None) -> int:
+    def _pick_arm(self, names: list[str | None]) -> int:
+        """The arm whose base is nearest the farthest of the objects it must reach (target, place)."""
         arms = self.world.robot.arms
-        if len(arms) == 1 or target is None:
+        names = [n for n in names if n is not None]
+        if len(arms) == 1 or not names:
             return len(arms) - 1
-        p = self.world.data.site("drawer_handle").xpos if target == "drawer" else body_pos(self.world, target)
-        d = [np.linalg.norm(self.world.data.body(a.base_body).xpos[:2] - p[:2]) for a in arms]
-        return int(np.argmin(d))
+        d = self.world.data
+        points = [d.site("drawer_handle").xpos if n == "drawer" else body_pos(self.world, n) for n in names]
+        far = [max(np.linalg.norm(d.body(a.base_body).xpos[:2] - p[:2]) for p in points) for a in arms]
+        return int(np.argmin(far))
 
     def _yaw(self) -> float:
         """Finger-axis yaw: across the target's faces (cubes: period π/2), nearest the gripper's current yaw."""
         current = finger_yaw(self.world.data.site_xmat[self.site].reshape(3, 3))
         g = self.setup.goal
         if self.setup.task == "push":
-            u = np.asarray(g["vector"], float)
+            u = self._push_direction()
             yaw = math.atan2(-u[1], -u[0])  # finger axis across the push direction
             return nearest_equivalent(yaw, current, math.pi)
         if self.setup.task == "drawer":
@@ -95,6 +102,11 @@ class ScriptedExpert:
             m = self.world.data.body(target).xmat.reshape(3, 3)
             return nearest_equivalent(math.atan2(m[1, 0], m[0, 0]), current, math.pi / 2)
         return nearest_equivalent(0.0, current, math.pi / 2)
+
+    def _push_direction(self) -> np.ndarray:
+        """Unit xy vector from the object to the push target marker."""
+        v = self._xy(self.setup.goal["place"]) - self._xy(self.setup.goal["target"])
+        return v / max(float(np.linalg.norm(v)), 1e-9)
 
     def _xy(self, name: str) -> np.ndarray:
         return body_pos(self.world, name)[:2]
@@ -115,7 +127,7 @@ class ScriptedExpert:
                     Phase("touch", self._at(target, h + 0.004), CLOSED, tol=0.005, max_steps=25, speed=0.15),
                     Phase("hold", self._at(target, h), CLOSED, tol=0.0, max_steps=10**6)]  # fmt: skip
         if s.task == "push":
-            u = np.array([*g["vector"], 0.0])
+            u = np.array([*self._push_direction(), 0.0])
             half = h / 2
             z = 0.025
 
@@ -123,7 +135,9 @@ class ScriptedExpert:
                 return np.array([*self._xy(target), z]) - u * (half + 0.05)
 
             def end() -> np.ndarray:
-                return np.array([*self._xy(target), z]) + u * (PUSH_DISTANCE - half + 0.005)
+                # the pads' front face (PAD_HALF_WIDTH ahead of the TCP) pushes the object's back face, so the
+                # object's centre ends on the marker's
+                return np.array([*self._xy(g["place"]), z]) - u * (half + PAD_HALF_WIDTH)
 
             return [Phase("above", lambda: start() + LIFT, CLOSED, tol=0.02),
                     Phase("down", start, CLOSED, tol=0.01, max_steps=25, speed=0.15),
@@ -211,7 +225,9 @@ class ScriptedExpert:
         q_now = self.world.data.qpos[self.qidx]
         self.q_cmd = wrap_to_nearest(q, q_now, self.ik.continuous)
         action = self.base_action.copy()
-        action[self.act_joint_dims] = self.q_cmd
+        # Gravity feedforward (qfrc_bias is gravity plus the small Coriolis terms); the integral term above
+        # takes what is left (held objects, contacts).
+        action[self.act_joint_dims] = self.q_cmd + self.world.data.qfrc_bias[self.dofs] / self.kp
         action[self.act_grip_dim] = phase.gripper
         return action
 

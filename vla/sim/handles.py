@@ -20,8 +20,9 @@ class ArmHandles:
     """Names of one arm's elements (already prefixed) and its joint data.
 
     ``joint_limits`` is ``((low, high), ...)`` in rad, ±inf for continuous joints; ``home`` in rad.
-    ``gripper_range`` is each finger's travel from the centre plane, (closed, open) in m; the jaw opening is
-    twice the finger position. ``gripper_actuator`` takes a finger position in m (see ``gripper_ctrl``).
+    ``gripper_range`` is each finger joint's travel from the centre plane, (closed, open) in m;
+    ``pad_inset`` is how far the finger pads' inner faces sit inward of the joints (``jaw_range``: the gap
+    between the pads, (closed, open) in m). ``gripper_actuator`` takes a finger position in m (see ``gripper_ctrl``).
     """
 
     name: str
@@ -37,6 +38,13 @@ class ArmHandles:
     wrist_camera: str
     base_body: str
     gripper_body: str
+    pad_inset: float = 0.0  # m, finger pads' inner faces inward of the joint positions
+
+    @property
+    def jaw_range(self) -> tuple[float, float]:
+        """Gap between the finger pads (m), (closed, open)."""
+        lo, hi = self.gripper_range
+        return 2 * (lo - self.pad_inset), 2 * (hi - self.pad_inset)
 
     @property
     def dof(self) -> int:

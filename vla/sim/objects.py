@@ -1,8 +1,10 @@
-"""Task objects added to an ``MjSpec``: cubes, cylinders, bowls (targets) and a drawer, randomized from an RNG.
+"""Task objects added to an ``MjSpec``: cubes, cylinders, bowls (targets), a drawer and flat target markers,
+randomized from an RNG.
 
 ``add_object`` is the one hook later slices (tasks, randomization) use: any size, colour or mass left ``None`` is
-sampled from ``rng``, and every value used is recorded in ``ObjectHandles.params``. Sizes are chosen so the
-smallest gripper (WidowX, 30…74 mm jaw opening, fact sheet §4.3) can still grasp cubes and cylinders.
+sampled from ``rng``, and every value used is recorded in ``ObjectHandles.params``. The default size ranges suit
+grippers opening ~70 mm or more; tasks shrink them to fit a smaller jaw (``vla.sim.tasks.Workspace.graspable``;
+WidowX's pads open 10.8…54.8 mm).
 Collision bits (MuJoCo collides two geoms when ``contype_a & conaffinity_b or contype_b & conaffinity_a``):
 objects 1, robots 2 (``vla.sim.robots``), table and floor 4, bowl walls 8. Arms never collide with themselves
 or each other (their simplified capsules overlap at the joints), and bowl walls ignore the table (12 wall boxes
@@ -24,13 +26,14 @@ SCENE_CONTYPE, SCENE_CONAFFINITY = (
     1,
 )  # table/floor; affinity 1 also catches user MJCF robots (defaults 1/1)
 WALL_CONTYPE, WALL_CONAFFINITY = 8, 1 | 2  # bowl walls touch objects and robots only
-OBJECT_KINDS = ("cube", "cylinder", "bowl", "drawer")
+OBJECT_KINDS = ("cube", "cylinder", "bowl", "drawer", "marker")
 
 # Default sampling ranges, m and kg.
 CUBE_HALF = (0.016, 0.028)
 CYLINDER_RADIUS, CYLINDER_HALF_HEIGHT = (0.016, 0.028), (0.025, 0.05)
 BOWL_RADIUS, BOWL_HEIGHT = (0.06, 0.09), (0.03, 0.05)
 DRAWER_HALF = ((0.09, 0.12), (0.12, 0.16), (0.05, 0.07))  # cabinet half-extents x (depth), y, z
+MARKER_RADIUS, MARKER_HALF_HEIGHT = (0.035, 0.045), 0.0005  # flat target disc on the table
 SMALL_MASS, BOWL_MASS = (0.03, 0.2), (0.1, 0.4)
 BOWL_WALLS = 12
 WALL = 0.006  # wall thickness, m
@@ -81,8 +84,9 @@ def add_object(
     """Add one object whose bottom rests at ``pos`` (m, parent frame), turned by ``yaw`` (rad) about +z.
 
     ``size`` per kind (m): cube ``(half,)``; cylinder ``(radius, half_height)``; bowl ``(radius, height)``;
-    drawer ``(half_x, half_y, half_z)`` of the cabinet, opening toward its −x side. ``free`` (default: True
-    except for the drawer, which is always fixed) gives a free joint ``<name>_joint``.
+    drawer ``(half_x, half_y, half_z)`` of the cabinet, opening toward its −x side; marker ``(radius,)`` of a
+    flat disc that collides with nothing (a target region drawn on the table). ``free`` (default: True except
+    for the drawer and the marker, which are always fixed) gives a free joint ``<name>_joint``.
     """
     if kind not in OBJECT_KINDS:
         raise ValueError(f"add_object: kind must be one of {OBJECT_KINDS}, got {kind!r}")
@@ -91,9 +95,9 @@ def add_object(
     rgba = tuple(rgba) if rgba is not None else (*rng.uniform(0.1, 0.95, 3).tolist(), 1.0)
     quat = [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
     body = parent.add_body(name=name, pos=list(pos), quat=quat)
-    free = kind != "drawer" if free is None else free
-    if free and kind == "drawer":
-        raise ValueError("add_object: a drawer is always fixed; pass free=None or False")
+    free = kind not in ("drawer", "marker") if free is None else free
+    if free and kind in ("drawer", "marker"):
+        raise ValueError(f"add_object: a {kind} is always fixed; pass free=None or False")
     joint = f"{name}_joint" if free else None
     if free:
         body.add_freejoint(name=joint)
@@ -117,6 +121,12 @@ def add_object(
             name=f"{name}_target", pos=[0, 0, WALL], size=[0.01, 0, 0], rgba=[0, 1, 0, 0.3], group=3
         )
         sites.append(f"{name}_target")
+    elif kind == "marker":
+        (r,) = size or (_u(rng, MARKER_RADIUS),)
+        mass = 0.0
+        body.add_geom(name=f"{name}_geom", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=[r, MARKER_HALF_HEIGHT, 0],
+                      pos=[0, 0, MARKER_HALF_HEIGHT], rgba=list(rgba), contype=0, conaffinity=0)  # fmt: skip
+        geoms, radius, params = [f"{name}_geom"], r, {"radius": r}
     else:
         half = np.asarray(size or [_u(rng, b) for b in DRAWER_HALF], float)
         mass = mass if mass is not None else 0.3
@@ -154,7 +164,9 @@ def _drawer(body: mujoco.MjsBody, name: str, half: np.ndarray, rgba: Any,
         _box(body, f"{name}_left", [hx, WALL / 2, hz], [0, hy - WALL / 2, hz], rgba),
         _box(body, f"{name}_right", [hx, WALL / 2, hz], [0, -(hy - WALL / 2), hz], rgba),
     ]
-    # The drawer box fits inside the cabinet with 2 mm clearance; its front panel closes the opening.
+    # The drawer box fits inside the cabinet with 2 mm clearance; its front panel closes the opening with 2 mm
+    # to spare too (a panel exactly the opening's size touches the cabinet top and bottom, and that contact's
+    # friction jams the slide when a gripper presses on the handle).
     dx, dy, dz = hx - WALL - 0.002, hy - WALL - 0.002, hz - WALL - 0.004
     drawer = body.add_body(name=f"{name}_drawer", pos=[-WALL / 2, 0, hz])
     slide = f"{name}_slide"
@@ -167,7 +179,7 @@ def _drawer(body: mujoco.MjsBody, name: str, half: np.ndarray, rgba: Any,
         _box(drawer, f"{name}_drawer_back", [WALL / 2, dy, dz * 0.8], [dx - WALL / 2, 0, -dz * 0.2], inner, m),
         _box(drawer, f"{name}_drawer_left", [dx, WALL / 2, dz * 0.8], [0, dy - WALL / 2, -dz * 0.2], inner, m),
         _box(drawer, f"{name}_drawer_right", [dx, WALL / 2, dz * 0.8], [0, -dy + WALL / 2, -dz * 0.2], inner, m),
-        _box(drawer, f"{name}_drawer_front", [WALL, hy - WALL, hz - WALL], [-dx - WALL, 0, 0], rgba, m),
+        _box(drawer, f"{name}_drawer_front", [WALL, hy - WALL - 0.002, hz - WALL - 0.002], [-dx - WALL, 0, 0], rgba, m),
         _box(drawer, f"{name}_handle", [0.01, 0.04, 0.008], [-dx - 2 * WALL - 0.02, 0, 0], [0.2, 0.2, 0.2, 1], m),
         _box(drawer, f"{name}_handle_l", [0.01, 0.005, 0.008], [-dx - 2 * WALL - 0.01, 0.035, 0], [0.2] * 3 + [1]),
         _box(drawer, f"{name}_handle_r", [0.01, 0.005, 0.008], [-dx - 2 * WALL - 0.01, -0.035, 0], [0.2] * 3 + [1]),

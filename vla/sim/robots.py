@@ -183,18 +183,20 @@ def _add_gripper(spec: mujoco.MjSpec, parent: mujoco.MjsBody, arm: ArmSpec, pref
     eye = np.array([-(half[0] + 0.03), 0.0, half[2]])
     palm.add_camera(name=f"{prefix}wrist", pos=eye.tolist(), fovy=WRIST_FOVY,
                     quat=look_at_quat(eye, np.array([0, 0, g.tcp_offset + 0.15]), np.array([-1.0, 0, 0])))  # fmt: skip
-    # Finger pads: inner face at the joint position (opening = 2·q), reaching 15 mm past the TCP.
+    # Finger pads: inner face ``pad_inset`` inward of the joint position (gap = 2·(q − inset)), reaching 15 mm
+    # past the TCP.
     pad_len = g.tcp_offset + 0.015 - g.finger_z
     pad_t = 0.006
+    pad_y = pad_t - g.pad_inset  # pad centre along the finger's opening direction, finger frame
     for side, sign in (("left", 1.0), ("right", -1.0)):
         finger = palm.add_body(name=f"{prefix}{side}_finger", pos=[0, 0, g.finger_z], mass=g.finger_mass,
-                               ipos=[0, sign * pad_t, pad_len / 2], explicitinertial=True,
+                               ipos=[0, sign * pad_y, pad_len / 2], explicitinertial=True,
                                inertia=_inertia(g.finger_mass, pad_len, pad_t))  # fmt: skip
         finger.add_joint(name=f"{prefix}{side}_finger", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, sign, 0],
                          range=list(g.finger_range), limited=mujoco.mjtLimited.mjLIMITED_TRUE,
                          damping=g.damping, armature=g.armature)  # fmt: skip
         finger.add_geom(type=mujoco.mjtGeom.mjGEOM_BOX, size=[0.01, pad_t, pad_len / 2],
-                        pos=[0, sign * pad_t, pad_len / 2], friction=[1.5, 0.005, 0.0001],
+                        pos=[0, sign * pad_y, pad_len / 2], friction=[1.5, 0.005, 0.0001],
                         rgba=[0.15, 0.15, 0.15, 1], contype=ROBOT_CONTYPE, conaffinity=ROBOT_CONAFFINITY)  # fmt: skip
     # One servo on the left finger; the right one mirrors it through a joint equality (q_right = q_left).
     spec.add_equality(name=f"{prefix}finger_coupling", type=mujoco.mjtEq.mjEQ_JOINT,
@@ -215,6 +217,7 @@ def _arm_handles(arm: ArmSpec, full_prefix: str, arm_name: str) -> ArmHandles:
         gripper_joints=(f"{full_prefix}left_finger", f"{full_prefix}right_finger"),
         gripper_actuator=f"{full_prefix}gripper",
         gripper_range=arm.gripper.finger_range,
+        pad_inset=arm.gripper.pad_inset,
         ee_site=f"{full_prefix}ee",
         flange_site=f"{full_prefix}flange",
         wrist_camera=f"{full_prefix}wrist",

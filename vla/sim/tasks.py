@@ -12,8 +12,9 @@ A task is stateless; one episode's draw is a ``TaskSetup``:
 - ``task.success(world, setup)`` reads MuJoCo state only (positions, contacts, the drawer's slide joint);
 - ``task.set_goal_state(world, setup)`` puts the world in a goal state by hand (tests).
 
-Directions ("left"/"right") are the robot's: single arms face +x, so left is +y; for ALOHA they are as seen
-from the ``primary`` camera behind the table (left = −x, toward the left arm).
+Graspable objects are sized to fit the robot's open jaw (``Workspace.graspable``); with several arms (ALOHA) a
+task that carries an object somewhere draws both on one arm's side of the table (``Workspace.one_arm``). ``push``
+moves an object onto a flat coloured marker (a second marker is a distractor).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from vla.sim.objects import (
     CYLINDER_HALF_HEIGHT,
     CYLINDER_RADIUS,
     DRAWER_HALF,
+    MARKER_RADIUS,
 )
 from vla.sim.world import World
 
@@ -47,21 +49,55 @@ COLORS: dict[str, tuple[float, float, float, float]] = {
 CLEARANCE = 0.05  # m between object footprints (room for open fingers)
 
 
+GRASP_MARGIN = 0.008  # m of open jaw left on each side of a graspable object (approach error)
+
+
 @dataclass(frozen=True)
 class Workspace:
-    """Where a robot can work, world frame: ``center`` / ``half`` (m, xy), ``base`` (m), ``reach`` (m)."""
+    """Where a robot can work, world frame: ``center`` / ``half`` (m, xy), ``base`` (m), ``reach`` (m), and
+    ``jaw`` (m): the widest gap between the finger pads that every arm opens to (sizes graspable objects)."""
 
     center: np.ndarray
     half: np.ndarray
     base: np.ndarray
     reach: float
     robot: str
+    jaw: float = 0.08
+    arm_bases: tuple[tuple[float, float], ...] = ()  # xy of each arm's base (m), for several arms
 
     @staticmethod
     def of(world: World) -> Workspace:
         p = world.params
+        jaw = min(arm.jaw_range[1] for arm in world.robot.arms)
+        bases = tuple(
+            tuple(float(v) for v in world.data.body(a.base_body).xpos[:2]) for a in world.robot.arms
+        )
         return Workspace(np.asarray(p["workspace_center"], float), np.asarray(p["workspace_half"], float),
-                         np.asarray(p["robot_base"], float), float(world.robot.reach), str(p["robot"]))  # fmt: skip
+                         np.asarray(p["robot_base"], float), float(world.robot.reach), str(p["robot"]),
+                         float(jaw), bases)  # fmt: skip
+
+    def one_arm(self, rng: np.random.Generator) -> Workspace:
+        """The part of the workspace one arm reaches comfortably: with several arms (ALOHA, whose workspace spans
+        the table between them) the half nearest a randomly chosen arm; a single arm's workspace as is.
+
+        Tasks that carry an object to a place draw both there, so one arm can do the whole task.
+        """
+        if len(self.arm_bases) < 2:
+            return self
+        base = np.asarray(self.arm_bases[int(rng.integers(len(self.arm_bases)))])
+        axis = int(np.argmax(np.abs(base - self.center)))  # the table axis that points at the arm
+        center, half = self.center.copy(), self.half.copy()
+        center[axis] += 0.5 * half[axis] * np.sign(base[axis] - self.center[axis])
+        half[axis] *= 0.5
+        return Workspace(center, half, self.base, self.reach, self.robot, self.jaw, self.arm_bases)
+
+    def graspable(self, bounds: tuple[float, float]) -> tuple[float, float]:
+        """``bounds`` of an object's half-width (m) shrunk to fit the open jaw with ``GRASP_MARGIN`` a side.
+
+        Grippers that open wide enough keep the default range; smaller ones get proportionally smaller objects.
+        """
+        hi = min(bounds[1], self.jaw / 2 - GRASP_MARGIN)
+        return min(bounds[0], 0.7 * hi), hi
 
 
 @dataclass
@@ -74,13 +110,13 @@ class TaskSetup:
     descriptions: dict[str, str] = field(default_factory=dict)  # object name -> "red cube"
 
 
-def _size(kind: str, rng: np.random.Generator) -> tuple[tuple[float, ...], float, float]:
-    """(size, footprint radius, height) for a graspable object or a bowl."""
+def _size(kind: str, rng: np.random.Generator, ws: Workspace) -> tuple[tuple[float, ...], float, float]:
+    """(size, footprint radius, height) for a graspable object (sized to fit ``ws.jaw``) or a bowl."""
     if kind == "cube":
-        h = float(rng.uniform(*CUBE_HALF))
+        h = float(rng.uniform(*ws.graspable(CUBE_HALF)))
         return (h,), h * math.sqrt(2), 2 * h
     if kind == "cylinder":
-        r, hh = float(rng.uniform(*CYLINDER_RADIUS)), float(rng.uniform(*CYLINDER_HALF_HEIGHT))
+        r, hh = float(rng.uniform(*ws.graspable(CYLINDER_RADIUS))), float(rng.uniform(*CYLINDER_HALF_HEIGHT))
         return (r, hh), r, 2 * hh
     r, h = float(rng.uniform(*BOWL_RADIUS)), float(rng.uniform(*BOWL_HEIGHT))
     return (r, h), r, h
@@ -117,7 +153,7 @@ def _graspables(rng: np.random.Generator, n: int, kinds: tuple[str, ...] = ("cub
 def _entries(rng: np.random.Generator, ws: Workspace, items: list[tuple[str, str]]
              ) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, float]]:  # fmt: skip
     """build_world entries (name ``<colour>_<kind>``), their descriptions and heights."""
-    sizes = [_size(kind, rng) for _, kind in items]
+    sizes = [_size(kind, rng, ws) for _, kind in items]
     xys = _place(rng, ws, [r for _, r, _ in sizes])
     objs, desc, heights = [], {}, {}
     for (color, kind), (size, _, height), xy in zip(items, sizes, xys):
@@ -216,7 +252,7 @@ class PickPlace(Task):
 
     def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
         items = [*_graspables(rng, 3), ("white", "bowl")]
-        objs, desc, heights = _entries(rng, workspace, items)
+        objs, desc, heights = _entries(rng, workspace.one_arm(rng), items)
         bowl = objs[-1]
         bowl["rgba"] = (0.9, 0.9, 0.9, 1.0)
         return TaskSetup(self.name, objs, {"target": objs[0]["name"], "place": bowl["name"], "heights": heights},
@@ -237,35 +273,76 @@ class PickPlace(Task):
         mujoco.mj_forward(world.model, world.data)
 
 
-PUSH_DISTANCE = 0.12  # m the expert pushes; success needs 2/3 of it
+PUSH_DISTANCE = (0.1, 0.15)  # m from the object's centre to the target marker's
 
 
 class Push(Task):
+    """Push an object (a cube) across the table onto a flat target marker; a second marker of another colour is
+    a distractor, so the instruction must be read for both the object and the marker."""
+
     name = "push"
-    templates = ("push the {target} to the {direction}", "slide the {target} {direction}ward",
-                 "nudge the {target} toward the {direction}", "shove the {target} to the {direction}")  # fmt: skip
+    templates = ("push the {target} to the {place}", "slide the {target} onto the {place}",
+                 "nudge the {target} into the {place}", "shove the {target} over to the {place}")  # fmt: skip
     max_steps = 120
 
     def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
         objs, desc, heights = _entries(rng, workspace, _graspables(rng, 3, target_kind="cube"))
-        direction = str(rng.choice(["left", "right"]))
-        sign = 1.0 if direction == "left" else -1.0
-        vec = [-sign, 0.0] if workspace.robot == "aloha" else [0.0, sign]
-        goal = {"target": objs[0]["name"], "direction": direction, "vector": vec, "heights": heights}
+        used = {o["name"].split("_")[0] for o in objs}
+        colors = [str(c) for c in rng.permutation([c for c in COLORS if c not in used])[:2]]
+        markers = self._markers(rng, workspace, objs, colors)
+        for color, (xy, r) in zip(colors, markers):
+            name = f"{color}_marker"
+            objs.append({"kind": "marker", "name": name, "size": (r,), "rgba": COLORS[color],
+                         "pos": (float(xy[0]), float(xy[1]), 0.0)})  # fmt: skip
+            desc[name] = f"{color} circle"
+        goal = {"target": objs[0]["name"], "place": f"{colors[0]}_marker", "heights": heights}
         return TaskSetup(self.name, objs, goal, desc)
 
-    def displacement(self, world: World, setup: TaskSetup) -> float:
-        start = np.asarray(setup.goal["start"][setup.goal["target"]])
-        return float((body_pos(world, setup.goal["target"]) - start)[:2] @ np.asarray(setup.goal["vector"]))
+    @staticmethod
+    def _markers(rng: np.random.Generator, ws: Workspace, objs: list[dict[str, Any]],
+                 colors: list[str]) -> list[tuple[np.ndarray, float]]:  # fmt: skip
+        """The target marker a push away from the target object, clear of the other objects (and the path to
+        it clear of them too, so the push moves only the target), then a distractor marker elsewhere."""
+        xy = [np.asarray(o["pos"][:2]) for o in objs]
+        radii = [o["size"][0] * math.sqrt(2) if o["kind"] == "cube" else o["size"][0] for o in objs]
+        sizes = [float(rng.uniform(*MARKER_RADIUS)) for _ in colors]
+        out: list[tuple[np.ndarray, float]] = []
+        for grow in (1.0, 1.3, 1.6, 2.0):
+            for _ in range(200):
+                angle, dist = rng.uniform(-math.pi, math.pi), rng.uniform(*PUSH_DISTANCE)
+                u = np.array([math.cos(angle), math.sin(angle)])
+                p = xy[0] + dist * u
+                if np.any(np.abs(p - ws.center) > ws.half * grow):
+                    continue
+                # distance of every other object from the segment the target travels along (plus the pusher)
+                seg = [
+                    np.linalg.norm(q - (xy[0] + np.clip((q - xy[0]) @ u, -0.08, dist) * u)) for q in xy[1:]
+                ]
+                if all(d >= r + radii[0] + 0.02 for d, r in zip(seg, radii[1:])):
+                    out.append((p, sizes[0]))
+                    break
+            if out:
+                break
+        else:
+            raise RuntimeError(f"could not place a push target in the {ws.robot} workspace")
+        for _ in range(400):
+            p = ws.center + rng.uniform(-1, 1, 2) * ws.half * 1.2
+            if all(
+                np.linalg.norm(p - q) >= r + sizes[1] for q, r in [*zip(xy, radii), (out[0][0], sizes[0])]
+            ):
+                out.append((p, sizes[1]))
+                break
+        else:
+            raise RuntimeError(f"could not place a distractor marker in the {ws.robot} workspace")
+        return out
 
     def success(self, world: World, setup: TaskSetup) -> bool:
-        return self.displacement(world, setup) > PUSH_DISTANCE * 2 / 3
+        g = setup.goal
+        d = body_pos(world, g["target"])[:2] - body_pos(world, g["place"])[:2]
+        return bool(np.linalg.norm(d) < world.objects[g["place"]].radius)
 
     def set_goal_state(self, world: World, setup: TaskSetup) -> None:
-        start = np.asarray(setup.goal["start"][setup.goal["target"]])
-        set_free_pos(
-            world, setup.goal["target"], start + PUSH_DISTANCE * np.array([*setup.goal["vector"], 0.0])
-        )
+        set_free_pos(world, setup.goal["target"], body_pos(world, setup.goal["place"]) * [1, 1, 0])
         mujoco.mj_forward(world.model, world.data)
 
 
@@ -277,7 +354,7 @@ class Stack(Task):
 
     def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
         items = _graspables(rng, 3, kinds=("cube",), target_kind="cube")
-        objs, desc, heights = _entries(rng, workspace, items)
+        objs, desc, heights = _entries(rng, workspace.one_arm(rng), items)
         # The base cube is the larger of the first two, so the top one fits on it.
         a, b = objs[0], objs[1]
         if a["size"][0] > b["size"][0]:

@@ -166,6 +166,10 @@ def build_world(
     spec.compiler.degree = False
     spec.option.timestep = TIMESTEP
     spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
+    # Elliptic friction cones with impratio 10 (Menagerie's WidowX and ALOHA settings, fact sheet §4.3, §7.4):
+    # with the default pyramidal cone a held object creeps down between the pads of a gentle gripper.
+    spec.option.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+    spec.option.impratio = 10.0
     spec.visual.global_.offwidth = max(640, image_size)
     spec.visual.global_.offheight = max(480, image_size)
     _lights(spec, settings)
