@@ -3,7 +3,7 @@
 cameras (and its parts: physics, rendering, expert + control), and ``vla sim generate`` episodes/s on 1 and 2
 workers. Target (issue #3): physics + control overhead <= 2x raw stepping, so rendering is the only real cost.
 
-    .venv/bin/python benchmarks/sim_generation.py [--embodiment panda] [--task pick_place] [--episodes 8]
+    .venv/bin/python benchmarks/sim_generation.py [--embodiment panda] [--task pick_place] [--episodes 24]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--embodiment", default="panda")
     ap.add_argument("--task", default="pick_place")
-    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--episodes", type=int, default=24)  # enough that the pool's start-up is not the story
     ap.add_argument("--image-size", type=int, default=128)
     ap.add_argument("--out", default="")
     args = ap.parse_args()

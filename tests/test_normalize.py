@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from vla.data.normalize import (
+    DEGENERATE_TOL,
+    STATIC_TOL,
     STATS_FORMAT_VERSION,
     Normalizer,
     NormStats,
@@ -307,6 +309,12 @@ def test_degenerate_stats_refused_and_reported() -> None:
     assert (
         Normalizer(_stats(np.full((50, 1), 3.0)), ["quantile"])(np.full((1, 1), 3.0, np.float32))[0, 0] == 0.0
     )
+    # ... nor are dims that only jitter (an idle arm held within 1e-5 rad by its servos): they map to ~0, not to +-1
+    jitter = 0.5 + 3e-7 * np.random.default_rng(0).normal(size=(1000, 1))
+    spread = _stats(jitter).q99[0] - _stats(jitter).q01[0]
+    assert spread < 2 * DEGENERATE_TOL  # degenerate if it counted as moving
+    y = Normalizer(_stats(jitter), ["quantile"])(jitter.astype(np.float32))
+    assert np.abs(y).max() < STATIC_TOL
     # non-finite stats are refused
     bad = NormStats(mean=[np.nan], std=[1.0], min=[0.0], max=[1.0], q01=[0.0], q99=[np.nan], count=3)
     with pytest.raises(StatsError, match="non-finite"):

@@ -280,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sim_command", required=True
     )
     s = sim.add_parser("generate", help="scripted-expert episodes -> LeRobot v3.0 dataset")
-    s.add_argument("--embodiment", required=True, help="panda, ur5e, widowx, kinova_gen3, aloha, procedural")
+    s.add_argument(
+        "--embodiment",
+        required=True,
+        help="panda, ur5e, widowx, kinova_gen3, aloha, procedural_<4..7>dof (a new arm per episode; "
+        "plain procedural: the DoF of seed 0's arm)",
+    )
     s.add_argument("--task", required=True, help="reach, pick_place, push, stack, drawer")
     s.add_argument("--episodes", type=int, required=True, help="episodes over all shards")
     s.add_argument("--out", required=True)

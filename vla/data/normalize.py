@@ -22,10 +22,13 @@ Decisions (see shared/reference/oxe_datasets.md §5):
   behaviour (needed for uniform action-token bins). The ``Unnormalizer`` never clips; safety clamps to the
   spec's limits are the server's job.
 * **No epsilon** in the denominators (OpenVLA adds 1e-8, openpi 1e-6): degenerate dims are refused instead.
-* **Constant dims** (``min == max``): scale 1 and centre ``min``, so the training data maps to exactly 0 (like
-  OpenVLA, which zeroes them) while staying invertible.
-* **Degenerate dims** (a dim that moves, ``min != max``, but whose mode's scale is ~0, e.g. ``q99 == q01`` for a
-  gripper that is closed in fewer than 1% of frames) and non-finite stats are errors naming the dim and the fix.
+* **Constant dims** (``min == max``, or a whole range ``max - min`` below ``STATIC_TOL * max(1, |min|)``, 1e-4 in
+  the field's units: 0.006° of a joint, 0.1 mm, a float32 gripper at 1 - 1e-8, the idle arm of a bimanual robot
+  held by its servos within 1e-5 rad): scale 1 and centre ``min``, so the training data maps to 0 (exactly, or
+  within ``STATIC_TOL``), like OpenVLA, which zeroes them, while staying invertible. Normalizing such a dim by its
+  own spread would blow solver or sensor noise up to ±1.
+* **Degenerate dims** (a dim that moves, but whose mode's scale is ~0, e.g. ``q99 == q01`` for a gripper that is
+  closed in fewer than 1% of frames) and non-finite stats are errors naming the dim and the fix.
 """
 
 from __future__ import annotations
@@ -50,6 +53,15 @@ from vla.embodiments.spec import NORM_MODES, EmbodimentSpec
 
 #: A mode's scale below ``DEGENERATE_TOL * max(1, |centre|)`` counts as ~0.
 DEGENERATE_TOL = 1e-6
+#: A dim whose whole range ``max - min`` is below ``STATIC_TOL * max(1, |min|)`` does not move (a constant).
+STATIC_TOL = 1e-4
+
+
+def _is_constant(s: NormStats, i: int) -> bool:
+    """Dim ``i`` does not move (``STATIC_TOL``); exact constants included."""
+    lo, hi = float(s.min[i]), float(s.max[i])
+    return hi - lo <= STATIC_TOL * max(1.0, abs(lo))
+
 
 ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
 _T = TypeVar("_T", bound="_FieldTransform")
@@ -57,6 +69,7 @@ _T = TypeVar("_T", bound="_FieldTransform")
 __all__ = [
     "DEGENERATE_TOL",
     "FIELDS",
+    "STATIC_TOL",
     "STATS_COMMAND",
     "STATS_FORMAT_VERSION",
     "NormStats",
@@ -124,7 +137,7 @@ def field_problems(
         if stats.count == 0 or not all(math.isfinite(v) for v in (*needed, lo, hi)):
             msg = f"non-finite stats for mode {mode!r} (count {stats.count}, min {lo}, max {hi}, q01 {q01}, q99 {q99}, std {std})"
             add(i, msg, f"rerun '{STATS_COMMAND}' on valid data")
-        elif lo != hi:  # constant dims are fine: they map to 0 with unit scale (see the module docstring)
+        elif not _is_constant(stats, i):  # constant dims map to 0 with unit scale (see the module docstring)
             centre, scale = _affine(mode, stats, i)
             if not scale > DEGENERATE_TOL * max(1.0, abs(centre)):
                 what = {"quantile": f"q99 - q01 = {q99 - q01:.3g}", "mean_std": f"std = {std:.3g}"}
@@ -160,7 +173,7 @@ def validate_stats(stats: StatsFile, spec: EmbodimentSpec, *, dataset: str | Non
 # ---- transforms -----------------------------------------------------------------------------------------------
 def _affine(mode: str, s: NormStats, i: int) -> tuple[float, float]:
     """(centre, half-width) of dim ``i`` so that ``y = (x - centre) / half``."""
-    if s.min[i] == s.max[i] and mode in ("quantile", "mean_std", "min_max"):
+    if mode in ("quantile", "mean_std", "min_max") and _is_constant(s, i):
         return float(s.min[i]), 1.0
     if mode == "quantile":
         return float(s.q01[i] + s.q99[i]) / 2, float(s.q99[i] - s.q01[i]) / 2

@@ -9,7 +9,7 @@ Modules, one job each:
 - ``handles``    names, limits and the state/action map of a built robot (``RobotHandles`` → ``BoundRobot``)
 - ``objects``    ``add_object``: cubes, cylinders, bowls, a drawer with randomized size/colour/mass
 - ``world``      ``build_world``: table, lights, robot, ``primary`` + wrist cameras, objects → ``World``
-- ``embodiment`` ``EmbodimentSpec`` of each simulated robot (``configs/embodiments/sim_*.yaml``, procedural in code)
+- ``embodiment`` ``EmbodimentSpec`` of each simulated robot (``configs/embodiments/sim_*.yaml``; procedural: ``sim_procedural_<dof>dof``)
 - ``tasks``      ``TASKS``: reach, pick_place, push, stack, drawer — instructions with paraphrases, success detectors
 - ``ik`` / ``expert``  damped-least-squares IK on MuJoCo Jacobians; waypoint scripted experts per task
 - ``randomization`` / ``perception``  the four reality-gap sources, levels none..high + held-out reality_proxy
@@ -26,7 +26,12 @@ import os
 # Headless offscreen rendering by default (CI, clusters); a user with a display may set MUJOCO_GL=glfw first.
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from vla.sim.embodiment import embodiment_for, procedural_embodiment_spec, sim_embodiment_spec
+from vla.sim.embodiment import (
+    embodiment_for,
+    procedural_embodiment_spec,
+    procedural_family_spec,
+    sim_embodiment_spec,
+)
 from vla.sim.handles import ArmHandles, BoundRobot, RobotHandles
 from vla.sim.objects import OBJECT_KINDS, ObjectHandles, add_object
 from vla.sim.robots import ROBOTS, MjcfRobot, build_robot, load_mjcf_robot
@@ -57,5 +62,6 @@ __all__ = [
     "load_mjcf_robot",
     "make",
     "procedural_embodiment_spec",
+    "procedural_family_spec",
     "sim_embodiment_spec",
 ]

@@ -2,8 +2,11 @@
 
 The fixed robots' specs are data (``configs/embodiments/sim_<robot>.yaml``, registered like every other spec);
 ``sim_embodiment_spec`` is the function that wrote them and that the tests compare them against. The procedural
-robot changes shape per seed, so its spec is generated in code (``procedural_embodiment_spec``) and carries the
-sampled parameters in ``extra``.
+robot changes shape per seed, but its state/action layout depends only on its DoF: one registered spec per DoF,
+``sim_procedural_<dof>dof`` (``configs/embodiments/sim_procedural_{4,5,6,7}dof.yaml``, written by
+``procedural_family_spec``), whose limits are the envelope of every arm of that DoF. Datasets, loaders and
+policies use that spec; each episode's sampled arm (link lengths, limits, gripper) is episode metadata
+(``robot_params``), and ``procedural_embodiment_spec`` gives one arm's exact spec (its limits, ``extra``).
 
 Conventions (``vla.sim.handles``): state = per arm, joint positions (rad) then gripper opening in [0, 1] (1 = open);
 action = per arm, absolute joint-position targets (rad) then a gripper command in [0, 1] (1 = open).
@@ -11,6 +14,7 @@ action = per arm, absolute joint-position targets (rad) then a gripper command i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -36,7 +40,7 @@ def _fields(arm: ArmHandles, which: str) -> list[FieldSpec]:
                   normalization="quantile", description=joint_desc),
         FieldSpec(f"{prefix}gripper", "gripper", ("open",), units=gripper_units, absolute=True, low=(0.0,),
                   high=(1.0,), normalization="quantile" if which == "state" else "identity",
-                  description=f"jaw opening {2 * arm.gripper_range[0]:.3f}..{2 * arm.gripper_range[1]:.3f} m"),
+                  description=f"gap between the finger pads {arm.jaw_range[0]:.4f}..{arm.jaw_range[1]:.4f} m"),
     ]  # fmt: skip
 
 
@@ -94,8 +98,39 @@ def procedural_embodiment_spec(handles: RobotHandles, **kwargs: Any) -> Embodime
                                extra={"robot_params": _jsonable(handles.params)}, **kwargs)  # fmt: skip
 
 
+def procedural_family_spec(dof: int) -> EmbodimentSpec:
+    """The registered spec ``sim_procedural_<dof>dof`` of every procedural arm with ``dof`` joints.
+
+    Same layout as each arm's own spec; limits are the envelope of the sampling ranges (``vla.sim.procedural``:
+    pitch joints ``(-PITCH_LOW[1], PITCH_HIGH[1])``, yaw/roll joints ``±TURN_LIMIT[1]``, jaw up to
+    ``2 * FINGER_OPEN[1]``), so they bound every sampled arm. Wrote ``configs/embodiments/sim_procedural_*.yaml``.
+    """
+    import mujoco
+
+    from vla.sim.procedural import AXIS_PATTERNS, FINGER_OPEN, PITCH_HIGH, PITCH_LOW, TURN_LIMIT
+    from vla.sim.robots import build_robot
+
+    if dof not in AXIS_PATTERNS:
+        raise ValueError(f"procedural robot: dof must be one of {sorted(AXIS_PATTERNS)}, got {dof}")
+    handles = build_robot("procedural", mujoco.MjSpec(), seed=0, dof=dof)
+    limits = tuple((-PITCH_LOW[1], PITCH_HIGH[1]) if axis == "y" else (-TURN_LIMIT[1], TURN_LIMIT[1])
+                   for axis in AXIS_PATTERNS[dof])  # fmt: skip
+    arm = dataclasses.replace(handles.arms[0], joint_limits=limits, gripper_range=(0.0, FINGER_OPEN[1]))
+    spec = sim_embodiment_spec(dataclasses.replace(handles, arms=(arm,), params={}),
+                               name=f"sim_procedural_{dof}dof")  # fmt: skip
+    return dataclasses.replace(
+        spec,
+        description=f"MuJoCo procedural {dof}-DoF arms (vla.sim.procedural; links, limits and gripper vary per "
+        "episode, recorded in episode metadata robot_params): absolute joint-position targets + gripper (1 = open).",
+        sources=(
+            "vla/sim/procedural.py (sampling ranges; limits = their envelope)",
+            "vla/sim/embodiment.py (layout)",
+        ),
+    )
+
+
 def embodiment_for(handles: RobotHandles) -> EmbodimentSpec:
-    """The spec a dataset or policy should use for ``handles``: the registered YAML, or generated (procedural)."""
+    """The registered spec a dataset or policy should use for ``handles`` (procedural: ``sim_procedural_<dof>dof``)."""
     if handles.robot == "procedural":
-        return procedural_embodiment_spec(handles)
+        return get_embodiment(f"sim_procedural_{handles.dof}dof")
     return get_embodiment(f"sim_{handles.robot}")

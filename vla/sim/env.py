@@ -2,9 +2,15 @@
 
 Observation: ``{"images": {slot: uint8 [H, W, 3]}, "state": float32 [S]}`` with the embodiment spec's camera
 slots and state layout (``vla.sim.embodiment.embodiment_for``); action: float32 [A], absolute joint targets (rad)
-then a gripper command in [0, 1] (1 = open) per arm. One ``step`` = one control period = ``round(1 / (control_hz
-· timestep))`` physics steps (10 Hz → 50 steps of 2 ms; ALOHA 20 Hz → 25). ``reset(seed=s)`` rebuilds the world
-for ``s`` (same seed, same robot/objects/instruction) and restarts the scripted expert (``expert_action()``).
+then a gripper command in [0, 1] (1 = open) per arm, bounded by the spec's limits. One ``step`` = one control
+period = ``round(1 / (control_hz · timestep))`` physics steps (10 Hz → 50 steps of 2 ms; ALOHA 20 Hz → 25).
+``reset(seed=s)`` rebuilds the world for ``s`` (same seed, same robot/objects/instruction) and restarts the
+scripted expert (``expert_action()``).
+
+The procedural robot draws a new arm per seed, but its DoF is fixed per env so the spaces never change:
+``procedural_<N>dof`` (or ``robot_options={"dof": N}``) picks N in 4..7; plain ``procedural`` takes the DoF of
+the arm of the env's first seed (``seed``, default 0). Its spec is ``sim_procedural_<N>dof`` (limits = the
+envelope over all arms of that DoF); the episode's own arm is ``info["robot_params"]``.
 
 A ``randomizer`` (``vla.sim.randomization``) is any object with ``sample(rng, world) -> record``,
 ``apply(world, record)``, ``act(action, step_index, rng) -> action`` and ``observe(images, rng) -> images``.
@@ -12,6 +18,7 @@ A ``randomizer`` (``vla.sim.randomization``) is any object with ``sample(rng, wo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +31,8 @@ from vla.sim.expert import ScriptedExpert
 from vla.sim.tasks import TASKS, Task, TaskSetup, Workspace
 from vla.sim.world import World, build_world
 
+_PROCEDURAL_DOF = re.compile(r"procedural_(\d+)dof")
+
 
 class VLASimEnv(gym.Env):
     """One robot, one task family; a fresh world per ``reset``. See the module docstring for the spaces."""
@@ -34,6 +43,13 @@ class VLASimEnv(gym.Env):
                  image_size: int = 128, control_hz: float | None = None, max_steps: int | None = None,
                  render_mode: str | None = None, robot_options: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.robot_name = embodiment.removeprefix("sim_")
+        self.robot_options = dict(robot_options or {})
+        if m := _PROCEDURAL_DOF.fullmatch(self.robot_name):
+            self.robot_name, dof = "procedural", int(m.group(1))
+            if self.robot_options.setdefault("dof", dof) != dof:
+                raise ValueError(
+                    f"{embodiment!r} has dof {dof} but robot_options say {self.robot_options['dof']}"
+                )
         self.task: Task = TASKS.get(task)
         if isinstance(randomization, str | Path):  # a level name or a YAML file
             from vla.sim.randomization import Randomizer
@@ -42,7 +58,6 @@ class VLASimEnv(gym.Env):
         self.randomizer = randomization
         self.image_size = image_size
         self.render_mode = render_mode
-        self.robot_options = dict(robot_options or {})
         first_seed = 0 if seed is None else int(seed)
         if self.robot_name == "procedural" and "dof" not in self.robot_options:
             # Fix the joint count so the spaces stay the same across resets (link lengths still vary).
@@ -55,20 +70,21 @@ class VLASimEnv(gym.Env):
         self.max_steps = int(max_steps or round(self.task.max_steps * self.control_hz / 10.0))
         self.metadata = {**self.metadata, "render_fps": self.control_hz}
         self.slots = list(self.embodiment_spec.cameras)
-        bound = probe.bound
-        low, high = bound.joint_low, bound.joint_high
-        n = probe.robot.state_dim
-        a_low, a_high = np.zeros(n, np.float32), np.ones(n, np.float32)
-        a_low[bound.joint_dims], a_high[bound.joint_dims] = low, high
+        # The spec's limits: each fixed robot's own, the envelope of all arms for procedural ones.
+        a_low, a_high = (x.astype(np.float32) for x in self.embodiment_spec.limits("action"))
+        joint_dims = probe.bound.joint_dims
         s_low, s_high = a_low.copy(), a_high.copy()
-        s_low[bound.joint_dims] -= 0.1  # joints may sit a little past a limit (soft constraints)
-        s_high[bound.joint_dims] += 0.1
+        s_low[joint_dims] -= 0.1  # joints may sit a little past a limit (soft constraints)
+        s_high[joint_dims] += 0.1
         self.action_space = gym.spaces.Box(a_low, a_high, dtype=np.float32)
         img = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = gym.spaces.Dict({
             "images": gym.spaces.Dict({slot: img for slot in self.slots}),
             "state": gym.spaces.Box(s_low, s_high, dtype=np.float32),
         })  # fmt: skip
+        # A task draws its objects inside the robot's workspace, which only the procedural robot changes per seed;
+        # for the others the probe's workspace serves every reset (one world build per reset, not two).
+        self._workspace = Workspace.of(probe) if self.robot_name != "procedural" else None
         probe.close()
         self._seed = seed
         self.world: World | None = None
@@ -88,11 +104,14 @@ class VLASimEnv(gym.Env):
         episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
         if self.world is not None:
             self.world.close()
-        probe = build_world(
-            self.robot_name, seed=episode_seed, image_size=self.image_size, **self.robot_options
-        )
+        workspace = self._workspace
+        if workspace is None:  # procedural: this seed's arm sets the workspace
+            probe = build_world(self.robot_name, seed=episode_seed, image_size=self.image_size,
+                                **self.robot_options)  # fmt: skip
+            workspace = Workspace.of(probe)
+            probe.close()
         task_rng = np.random.default_rng([episode_seed, 1])
-        self.setup = self.task.setup(task_rng, Workspace.of(probe))
+        self.setup = self.task.setup(task_rng, workspace)
         self.world = build_world(self.robot_name, seed=episode_seed, image_size=self.image_size,
                                  objects=self.setup.objects, **self.robot_options)  # fmt: skip
         self.instruction = self.task.instruction(self.setup, task_rng)
@@ -120,7 +139,7 @@ class VLASimEnv(gym.Env):
         self.expert = ScriptedExpert(self.world, self.setup, self.control_hz)
         self.step_index = 0
         info = {"instruction": self.instruction, "task": self.task.name, "randomization": self.record,
-                "seed": episode_seed, "success": False}  # fmt: skip
+                "seed": episode_seed, "success": False, "robot_params": self.world.params["robot_params"]}  # fmt: skip
         return self._obs(), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 Workers are spawned (not forked): a forked child inheriting the parent's EGL/OpenGL context can hang.
 Each episode is a pure function of (seed, episode index): its RNG seed is ``SeedSequence([seed, index])``, so the
-data does not depend on the worker count or order. Workers (processes) simulate; the main process writes
-episodes in index order through ``LeRobotWriter`` (atomic per episode), so
+data does not depend on the worker count or order. Workers (processes) simulate, render and encode each kept
+episode's camera streams (``encode_episode``: the MP4s and their stats, the costly part of writing); the main
+process appends them in index order through ``LeRobotWriter.add_encoded_episode`` (stream-copy concatenation and
+metadata, atomic per episode), so
 
 * ``--workers W`` gives the same dataset for any W,
 * ``--shard K --num-shards M`` writes the K-th contiguous block of episode indices (cluster array jobs), and
@@ -132,6 +134,8 @@ def run_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
         "steps": len(actions),
         "randomization": info.get("randomization", {}),
     }
+    if info.get("robot_params"):  # the procedural robot's arm of this episode (its spec covers every arm)
+        meta["robot_params"] = info["robot_params"]
     return {
         "index": index,
         "frames": frames,
@@ -141,8 +145,23 @@ def run_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
     }
 
 
+def produce_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
+    """``run_episode``, then for a kept episode its ``EncodedEpisode`` (``episode``) instead of raw ``frames``,
+    plus what the writer is created with (``features``, ``fps``, ``robot_type``)."""
+    from vla.data.writers.lerobot_episode import encode_episode
+
+    res = run_episode(cfg, index)
+    frames = res.pop("frames")
+    if res["success"] or cfg.keep_failed:
+        spec = _env(cfg).embodiment_spec
+        res |= {"features": _features(frames), "fps": round(spec.control_hz), "robot_type": spec.name}
+        videos = [k for k, f in res["features"].items() if f["dtype"] == "video"]
+        res["episode"] = encode_episode(frames, videos, res["fps"], vcodec=cfg.vcodec)
+    return res
+
+
 def _worker(args: tuple[GenerateConfig, int]) -> dict[str, Any]:
-    return run_episode(*args)
+    return produce_episode(*args)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------
@@ -170,9 +189,9 @@ def _written_indices(out: Path) -> set[int]:
     }
 
 
-def _features(sample: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _features(frames: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     feats: dict[str, dict[str, Any]] = {}
-    for key, arr in sample["frames"].items():
+    for key, arr in frames.items():
         if key.startswith("observation.images."):
             feats[key] = {"dtype": "video", "shape": list(arr.shape[1:])}
         else:
@@ -208,24 +227,23 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
     results: Iterator[dict[str, Any]] = (
         pool.imap(_worker, [(cfg, i) for i in todo])
         if pool is not None
-        else (run_episode(cfg, i) for i in todo)
+        else (produce_episode(cfg, i) for i in todo)
     )
     writer = None
     bar = tqdm(total=len(todo), desc=f"{cfg.embodiment}/{cfg.task}", disable=not progress_bar, unit="ep")
     try:
         for res in results:
-            if res["success"] or cfg.keep_failed:
+            if "episode" in res:
                 if writer is None:
-                    spec = _env(cfg).embodiment_spec
                     writer = LeRobotWriter(
                         out,
-                        fps=round(spec.control_hz),
-                        features=_features(res),
-                        robot_type=spec.name,
+                        fps=res["fps"],
+                        features=res["features"],
+                        robot_type=res["robot_type"],
                         vcodec=cfg.vcodec,
                         mode="append",
                     )
-                writer.add_episode(res["frames"], res["task"], res["metadata"])
+                writer.add_encoded_episode(res["episode"], res["task"], res["metadata"])
                 counts["written"] += 1
             else:
                 progress["dropped"].append(res["index"])

@@ -32,6 +32,12 @@ BASE_HEIGHT = (0.06, 0.2)
 FINGER_OPEN = (0.02, 0.05)  # per-finger travel → 40…100 mm jaw opening
 TCP_OFFSET = (0.08, 0.14)
 HOME_TCP_HEIGHT = 0.15  # m above the mount at the home pose
+# Joint limits (rad): a pitch joint (y) gets (-u1, u2), u1 ~ PITCH_LOW, u2 ~ PITCH_HIGH (>= 2: the home wrist
+# fits); a yaw/roll joint gets ±u, u ~ TURN_LIMIT. ``vla.sim.embodiment.procedural_family_spec`` takes the
+# envelope of these ranges as the safety limits of every arm of one DoF.
+PITCH_LOW = (1.6, 2.4)
+PITCH_HIGH = (2.0, 2.4)
+TURN_LIMIT = (2.6, math.pi)
 
 
 def _u(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
@@ -75,9 +81,9 @@ def procedural_arm(rng: np.random.Generator, *, dof: int | None = None) -> ArmSp
         length = math.hypot(*child)
         lengths.append(length)
         if axis == "y":
-            lo, hi = -float(rng.uniform(1.6, 2.4)), float(rng.uniform(2.0, 2.4))  # hi ≥ 2: home wrist fits
+            lo, hi = -_u(rng, PITCH_LOW), _u(rng, PITCH_HIGH)
         else:
-            lim = float(rng.uniform(2.6, math.pi))
+            lim = _u(rng, TURN_LIMIT)
             lo, hi = -lim, lim
         # Servo stiffness scales with the load the joint carries (proximal joints stiffer).
         load = max(0.2, 1.0 - i / dof)

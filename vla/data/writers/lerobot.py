@@ -6,6 +6,8 @@ Writes exactly what LeRobot 0.6's own writer does, so ``LeRobotDataset(repo_id, 
     videos/<key>/chunk-XXX/file-XXX.mp4             episodes concatenated; from/to timestamps in meta/episodes
     meta/info.json, meta/tasks.parquet, meta/stats.json, meta/episodes/chunk-XXX/file-XXX.parquet
 
+Camera frames are encoded per episode (``lerobot_episode.encode_episode``, in the caller's process or already
+done elsewhere: ``add_encoded_episode``) and stream-copied onto the camera's current file.
 Every saved episode is committed atomically (:mod:`vla.data.writers.staging`): a crash or Ctrl-C mid-episode
 leaves a valid dataset of the finished episodes, and opening a writer on it again resumes (appends).
 Files are rewritten per episode, so besides LeRobot's size limits a file also rolls over at
@@ -14,6 +16,7 @@ Files are rewritten per episode, so besides LeRobot's size limits a file also ro
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -26,7 +29,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vla.data import video
-from vla.data.writers.lerobot_episode import aggregate_stats, data_table, episode_stats, write_parquet
+from vla.data.writers.lerobot_episode import (
+    EncodedEpisode,
+    aggregate_stats,
+    data_table,
+    encode_episode,
+    episode_stats,
+    write_parquet,
+)
 from vla.data.writers.staging import commit, recover, stage_dir, staging_committed
 
 CODEBASE_VERSION = "v3.0"
@@ -159,7 +169,7 @@ class LeRobotWriter:
                 "every frame needs a task: pass save_episode(task=...) or a 'task' key in add_frame()"
             )
         arrays = {k: np.stack([f[k] for f in self._buffer]) for k in self._buffer[0] if k != "task"}
-        index = self._write_episode(arrays, [str(t) for t in tasks], metadata or {})
+        index = self._write_episode(self._encode_frames(arrays), [str(t) for t in tasks], metadata or {})
         self._buffer = []
         return index
 
@@ -175,12 +185,36 @@ class LeRobotWriter:
             raise KeyError(f"add_episode needs exactly the features {user}, got {sorted(frames)}")
         length = len(next(iter(frames.values())))
         arrays = {k: self._check(k, np.asarray(v), (length,), "episode") for k, v in frames.items()}
-        tasks = [tasks] * length if isinstance(tasks, str) else [str(t) for t in tasks]
-        if len(tasks) != length or length == 0:
-            raise ValueError(
-                f"episode has {length} frames but {len(tasks)} tasks; pass one task or one per frame"
+        tasks = self._tasks_of(tasks, length)
+        return self._write_episode(self._encode_frames(arrays), tasks, episode_metadata or {})
+
+    def add_encoded_episode(
+        self,
+        episode: EncodedEpisode,
+        tasks: str | Sequence[str],
+        episode_metadata: dict[str, Any] | None = None,
+    ) -> int:
+        """``add_episode`` for an episode encoded elsewhere (``encode_episode`` with this writer's ``encode_settings``)."""
+        want = [k for k in self.features if k not in DEFAULT_FEATURES and k not in self.video_keys]
+        if sorted(episode.frames) != sorted(want) or sorted(episode.videos) != sorted(self.video_keys):
+            raise KeyError(
+                f"add_encoded_episode needs features {want} and videos {self.video_keys}, "
+                f"got {sorted(episode.frames)} and {sorted(episode.videos)}"
             )
-        return self._write_episode(arrays, tasks, episode_metadata or {})
+        if episode.encoder != video.available_encoder(self._vcodec) or episode.fps != self.info["fps"]:
+            raise ValueError(
+                f"{self.root}: episode encoded with {episode.encoder} at {episode.fps} fps, but this dataset's videos "
+                f"are {video.available_encoder(self._vcodec)} at {self.info['fps']} fps; encode with "
+                "writer.encode_settings"
+            )
+        frames = {k: self._check(k, v, (episode.length,), "episode") for k, v in episode.frames.items()}
+        tasks = self._tasks_of(tasks, episode.length)
+        return self._write_episode(dataclasses.replace(episode, frames=frames), tasks, episode_metadata or {})
+
+    @property
+    def encode_settings(self) -> dict[str, Any]:
+        """``encode_episode`` keyword arguments that make episodes this writer can append."""
+        return {"vcodec": self._vcodec, **self._encode}
 
     def clear_episode(self) -> None:
         """Drop the frames buffered since the last ``save_episode``."""
@@ -197,6 +231,18 @@ class LeRobotWriter:
         self.finalize()
 
     # ---- validation -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _tasks_of(tasks: str | Sequence[str], length: int) -> list[str]:
+        tasks = [tasks] * length if isinstance(tasks, str) else [str(t) for t in tasks]
+        if len(tasks) != length or length == 0:
+            raise ValueError(
+                f"episode has {length} frames but {len(tasks)} tasks; pass one task or one per frame"
+            )
+        return tasks
+
+    def _encode_frames(self, arrays: dict[str, np.ndarray]) -> EncodedEpisode:
+        return encode_episode(arrays, self.video_keys, self.info["fps"], **self.encode_settings)
+
     @staticmethod
     def _normalize(features: dict[str, dict[str, Any]], use_video: bool) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -287,9 +333,7 @@ class LeRobotWriter:
             video.close_decoder(path)
 
     # ---- one episode, committed atomically ------------------------------------------------------------------
-    def _write_episode(
-        self, arrays: dict[str, np.ndarray], tasks: list[str], metadata: dict[str, Any]
-    ) -> int:
+    def _write_episode(self, episode: EncodedEpisode, tasks: list[str], metadata: dict[str, Any]) -> int:
         if self._closed:
             raise RuntimeError(f"{self.root}: writer already finalized")
         extra = _flatten(metadata)
@@ -305,13 +349,17 @@ class LeRobotWriter:
             new_tasks = dict(self._tasks)
             for t in tasks:
                 new_tasks.setdefault(t, len(new_tasks))
-            columns = dict(arrays)
+            columns = dict(episode.frames)
             columns |= {
                 "timestamp": (np.arange(length) / fps).astype(np.float32), "frame_index": np.arange(length),
                 "episode_index": np.full(length, ep), "index": np.arange(start, start + length),
                 "task_index": np.array([new_tasks[t] for t in tasks]),
             }  # fmt: skip
-            ep_stats = episode_stats(columns, self.features)
+            low_dim = episode_stats(
+                columns, {k: ft for k, ft in self.features.items() if k not in episode.videos}
+            )
+            ep_stats = {k: episode.video_stats[k] if k in episode.videos else low_dim[k]
+                        for k in self.features if k in episode.videos or k in low_dim}  # fmt: skip
             row: dict[str, Any] = {"episode_index": ep, "tasks": list(dict.fromkeys(tasks)), "length": length}
 
             table = data_table(columns, self.features)
@@ -333,7 +381,15 @@ class LeRobotWriter:
             video_state = dict(self._videos)
             for i, key in enumerate(self.video_keys):
                 episode_mp4, merged = stage / f"video-{i}.mp4", stage / f"video-{i}-file.mp4"
-                video.encode_video(arrays[key], episode_mp4, fps, vcodec=self._vcodec, **self._encode)
+                episode_mp4.write_bytes(episode.videos[key])
+                got = video.probe_video(episode_mp4)
+                if [got["video.height"], got["video.width"]] != self.features[key]["shape"][:2] or got[
+                    "frames"
+                ] not in (0, length):
+                    raise ValueError(
+                        f"{self.root}: {key!r} video is {got['video.height']}x{got['video.width']}, {got['frames']} "
+                        f"frames; the feature needs {self.features[key]['shape'][:2]} and {length} frames"
+                    )
                 vc, vf, frames_in_file = self._videos.get(key, (0, -1, 0))
                 old = self.root / VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=max(vf, 0))
                 fits = vf >= 0 and frames_in_file + length <= self._max_frames

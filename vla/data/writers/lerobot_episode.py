@@ -1,4 +1,4 @@
-"""One episode in LeRobot 0.6's stored forms: parquet rows and per-feature statistics.
+"""One episode in LeRobot 0.6's stored forms: parquet rows, per-feature statistics and encoded camera streams.
 
 Parquet: LeRobot's column types (``fixed_size_list<float32>[D]`` vectors, scalars for shape ``(1,)``, PNG
 ``{bytes, path}`` structs for image features) plus the Hugging Face ``datasets`` schema metadata, one row group
@@ -9,13 +9,19 @@ q01/q10/q50/q90/q99 from a 5000-bin histogram between the episode's min and max 
 ``RunningQuantileStats`` on one batch). Cameras: per-channel stats of up to 100+ evenly sampled frames
 (downsampled when a side is >= 300 px), divided by 255, shape ``(3, 1, 1)``. Across episodes: count-weighted
 means, pooled variance, min of mins, max of maxes, count-weighted quantiles.
+
+Videos: ``encode_episode`` turns an episode's camera frames into one MP4 per camera plus their stats, the costly
+part of a commit. It needs nothing from the dataset, so it runs wherever the frames are (a simulation worker);
+``LeRobotWriter.add_encoded_episode`` then only concatenates streams and writes metadata.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +176,55 @@ def aggregate_stats(stats_list: list[dict[str, dict[str, np.ndarray]]]) -> dict[
                 agg[q] = (np.stack([p[q] for p in parts]) * counts).sum(axis=0) / total
         out[key] = agg
     return out
+
+
+@dataclass
+class EncodedEpisode:
+    """An episode whose camera streams are encoded (``encode_episode``), ready for ``add_encoded_episode``.
+
+    ``frames``: every non-video feature, ``[T, *shape]``; ``videos``: video key -> the episode's MP4 (frame ``i`` at
+    ``i / fps``); ``video_stats``: video key -> ``image_stats`` of its frames; ``encoder``: the encoder that made
+    the MP4s (``libsvtav1``, ``libx264``, ...), which must be the dataset's for stream-copy concatenation.
+    """
+
+    length: int
+    frames: dict[str, np.ndarray]
+    videos: dict[str, bytes]
+    video_stats: dict[str, dict[str, np.ndarray]]
+    encoder: str
+    fps: float
+
+
+def encode_episode(
+    frames: dict[str, np.ndarray],
+    video_keys: Sequence[str],
+    fps: float,
+    *,
+    vcodec: str = "av1",
+    crf: int | None = None,
+    gop: int | None = None,
+    preset: int | str | None = None,
+) -> EncodedEpisode:
+    """Encode ``frames[key]`` (uint8 ``[T, H, W, 3]``) of each of ``video_keys``; other features pass through."""
+    from vla.data import video
+
+    length = len(next(iter(frames.values())))
+    encoder = video.available_encoder(vcodec)
+    options = {
+        "crf": video.DEFAULT_CRF if crf is None else crf,
+        "gop": video.DEFAULT_GOP if gop is None else gop,
+    }
+    videos: dict[str, bytes] = {}
+    stats: dict[str, dict[str, np.ndarray]] = {}
+    with tempfile.TemporaryDirectory(prefix="vla-episode-") as tmp:
+        for key in video_keys:
+            images = np.asarray(frames[key])
+            if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3 or len(images) != length:
+                raise ValueError(
+                    f"episode: {key!r} must be uint8 [{length}, H, W, 3], got {images.dtype} {images.shape}"
+                )
+            path = Path(tmp) / "episode.mp4"
+            video.encode_video(images, path, fps, vcodec=encoder, preset=preset, **options)
+            videos[key], stats[key] = path.read_bytes(), image_stats(images)
+    rest = {k: np.asarray(v) for k, v in frames.items() if k not in videos}
+    return EncodedEpisode(length, rest, videos, stats, encoder, float(fps))
