@@ -543,3 +543,24 @@ def test_sequences_longer_than_a_sliding_window_are_refused() -> None:
     ):
         check_window(gemma2, 9, "the prefix")
     check_window(SimpleNamespace(sliding_window=None), 10**6, "the prefix")  # Llama / Gemma: no window
+
+
+def test_grouped_attention_equals_sdpa_values_and_gradients() -> None:
+    import torch.nn.functional as F
+
+    from vla.models.attention import grouped_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 5, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 9, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 9, 8, generator=g, requires_grad=True)
+    mask = torch.rand(2, 1, 5, 9, generator=g) > 0.3
+    mask[..., 0] = True  # every row sees something
+    r = torch.randn(2, 6, 5, 8, generator=g)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    grads_ref = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    out = grouped_attention(q, k, v, mask, 0.3)
+    grads = torch.autograd.grad((out * r).sum(), (q, k, v))
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    for a, b in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

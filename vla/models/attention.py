@@ -49,22 +49,51 @@ def attend(
     layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Attention of ``q`` over ``k``/``v`` with boolean ``mask`` ``[B, 1, Tq, Tk]`` (True = may attend), then
-    the output projection: ``[B, Tq, hidden]``."""
+    the output projection: ``[B, Tq, hidden]``.
+
+    SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or faster: bf16 training
+    on CPU, where SDPA's flash backward costs ~3x the explicit form at the expert's shapes."""
     attn = layer.self_attn
     softcap = getattr(attn, "attn_logit_softcapping", None)
-    if softcap:
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        logits = torch.matmul(q, k.transpose(-1, -2)) * attn.scaling
-        logits = torch.tanh(logits / softcap) * softcap
-        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-        out = torch.matmul(torch.softmax(logits.float(), dim=-1).to(q.dtype), v)
+    explicit = softcap or (
+        q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad and _bf16_cpu(q)
+    )
+    if explicit:
+        out = grouped_attention(q, k, v, mask, attn.scaling, softcap)
     else:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
         )
     out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
     return attn.o_proj(out)
+
+
+def _bf16_cpu(x: torch.Tensor) -> bool:
+    """True when attention on CPU runs in bfloat16 (bf16 tensors, or bf16 autocast casting them)."""
+    return x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    )
+
+
+def grouped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Explicit attention ``[B, H, Tq, d]`` for grouped-query heads without repeating K/V: the ``H / KV`` query
+    heads of each KV head are stacked along the query axis (HF's head order: query head ``h`` reads KV head
+    ``h // (H / KV)``). Softmax in float32, as HF's eager attention."""
+    b, h, t, d = q.shape
+    kv, s = k.shape[1], k.shape[2]
+    logits = torch.matmul(q.reshape(b, kv, (h // kv) * t, d), k.transpose(-1, -2)) * scale
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits.view(b, kv, h // kv, t, s).masked_fill(~mask[:, :, None], torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits.float(), dim=-1).to(q.dtype).view(b, kv, (h // kv) * t, s)
+    return torch.matmul(probs, v).view(b, h, t, d)
 
 
 def decoder_layer(
