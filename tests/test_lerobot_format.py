@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from peer import peer_python
 
 from vla.data import video
 from vla.data.readers.base import DatasetFormatError
@@ -34,12 +35,6 @@ LENGTHS = [20, 25, 15]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = REPO_ROOT.parent / "shared" / "peer" / "peer_lerobot_bench.py"
 PEER_CACHE = Path(os.environ.get("PEER_LEROBOT_CACHE", "/tmp/peer_lerobot_cache"))
-
-
-def _peer_python() -> Path | None:
-    venv = os.environ.get("PEER_VENV") or str(Path(os.environ.get("TMPDIR", "/tmp")) / "peer-venv")
-    python = Path(venv) / "bin" / "python"
-    return python if python.exists() else None
 
 
 def _make(root: Path, **kw: object) -> Path:
@@ -533,7 +528,7 @@ def test_lerobot_in_process_loads_our_dataset(
 
 
 def test_peer_venv_lerobot_loads_our_dataset(v3_av1: Path, tmp_path: Path) -> None:
-    python = _peer_python()
+    python = peer_python()
     if python is None:
         pytest.skip("LeRobot peer venv not found (set PEER_VENV or run ../shared/peer/setup_lerobot_venv.sh)")
     _run_lerobot_check(v3_av1, tmp_path)
@@ -551,7 +546,7 @@ def lerobot_written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     """A v3.0 dataset written by LeRobot's own writer (peer ``make-dataset``) and its expectations JSON."""
     root, expect = PEER_CACHE / "lerobot_v3_sample", PEER_CACHE / "lerobot_v3_sample_expect.json"
     if not (root / "meta/info.json").exists() or not expect.exists():
-        python = _peer_python()
+        python = peer_python()
         if python is None or not PEER_SCRIPT.exists():
             pytest.skip(
                 "no LeRobot-written sample (run peer_lerobot_bench.py make-dataset) and no peer venv to make one"
