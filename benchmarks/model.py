@@ -9,8 +9,8 @@ Measured: a training step (forward + backward + grad-clip + AdamW + LR-scheduler
 bf16 autocast, and one-chunk inference (batch 1, 10 flow steps) in fp32 and bf16 autocast (both sides), plus our
 serving modes (``prepare_inference``: fp32 or bf16 weights, optionally compiled with frozen weights), each with
 its peak RSS; every measurement in its own subprocess. Serving modes also report how far their chunk is from the
-fp32 eager chunk (same weights, same noise). Model FLOPs utilization: the FLOPs of one chunk (counted with
-``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the same run
+fp32 eager chunk (same weights, same noise). Model FLOPs utilization: the FLOPs of one training step / one chunk
+(counted with ``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the same run
 (DESIGN §10); the peer's MFU uses our count (same architecture; its state token sits in the prefix).
 
     .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--out FILE.json]
@@ -83,6 +83,14 @@ def child_train(job: dict) -> dict:
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if job["amp"] == "bf16" else nullcontext()
     model.train()
     times, losses = [], []
+    flops = None
+    if job["amp"] == "fp32":  # the FLOPs of one step's forward + backward (a warm-up step, untimed)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            model.loss(batch)[0].backward()
+        opt.zero_grad()
+        flops = counter.get_total_flops()
     for i in range(job["warmup"] + job["iters"]):
         t0 = time.perf_counter()
         with amp:
@@ -103,6 +111,7 @@ def child_train(job: dict) -> dict:
         "amp": job["amp"],
         "s_per_step": s,
         "samples_per_s": job["batch"] / s["median"],
+        "flops_per_step": flops,
         "loss_first_last": [losses[0], losses[-1]],
         "params_total": counts["all"]["total"],
         "params_trainable": counts["all"]["trainable"],
@@ -265,26 +274,32 @@ def main() -> None:
             if pb and o:
                 ratios[f"infer_{mode}_vs_peer_bf16_speedup"] = pb / o
         res["speedup"] = ratios
-    res["inference_mfu"] = _mfu(res)
+    res["mfu"] = {
+        "train_b8": _mfu(res, "train_b8", "flops_per_step", "s_per_step"),
+        "infer_b1": _mfu(res, "infer_b1", "flops_per_chunk", "s_per_chunk"),
+    }
     emit(res, args.out)
 
 
-def _mfu(res: dict) -> dict:
-    """Achieved TFLOP/s and its fraction of the same dtype's matmul peak, per inference mode (ours and peer's)."""
-    flops = res["ours"].get("infer_b1_fp32", {}).get("flops_per_chunk")
+def _mfu(res: dict, kind: str, flops_key: str, time_key: str) -> dict:
+    """Achieved TFLOP/s and its fraction of the same dtype's matmul peak, per mode of ``kind`` (``train_b8`` or
+    ``infer_b1``), ours and the peer's (whose FLOPs are taken as ours: same architecture)."""
+    flops = res["ours"].get(f"{kind}_fp32", {}).get(flops_key)
     peak = res.get("matmul_peak", {})
     if not flops or "fp32_tflops" not in peak:
         return {}
-    out = {"flops_per_chunk": flops, "peak_tflops": peak}
-    timings = {f"ours_{k[len('infer_b1_') :]}": v.get("s_per_chunk", {}).get("median") for k, v in res["ours"].items()
-               if k.startswith("infer_b1_")}  # fmt: skip
+    out: dict = {flops_key: flops, "peak_tflops": peak}
+    timings = {f"ours_{k[len(kind) + 1 :]}": v.get(time_key, {}).get("median") for k, v in res["ours"].items()
+               if k.startswith(kind)}  # fmt: skip
     for amp in ("fp32", "bf16"):
-        timings[f"peer_{amp}"] = res.get("peer_lerobot", {}).get(f"smolvla_infer_b1_{amp}", {}).get("s_per_chunk", {}).get("median")  # fmt: skip
-    for name, s in timings.items():
-        if s:
-            tflops = flops / s / 1e12
-            dtype = "bf16" if "bf16" in name else "fp32"
-            out[name] = {"tflops": tflops, "mfu": tflops / peak[f"{dtype}_tflops"]}
+        timings[f"peer_{amp}"] = res.get("peer_lerobot", {}).get(f"smolvla_{kind}_{amp}", {}).get(time_key, {}).get("median")  # fmt: skip
+    for name, sec in timings.items():
+        if sec:
+            tflops = flops / sec / 1e12
+            out[name] = {
+                "tflops": tflops,
+                "mfu": tflops / peak["bf16_tflops" if "bf16" in name else "fp32_tflops"],
+            }
     return out
 
 
