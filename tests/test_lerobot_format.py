@@ -97,6 +97,29 @@ def test_concat_videos_start_times_and_frames(tmp_path: Path) -> None:
         assert [decode_frame_code(im)[:2] for im in out] == [(k, i) for i in range(n)]
 
 
+@pytest.mark.parametrize(("vcodec", "gop"), [("av1", 2), ("h264", 2), ("h264", 30)])
+def test_cut_video_inverts_concat_without_reencoding(tmp_path: Path, vcodec: str, gop: int) -> None:
+    """Each part cut back out of the concatenation holds the part's packets unchanged (so the same frames); a
+    segment that starts between keyframes cannot be cut without re-encoding."""
+    parts, lengths = [], [12, 7, 9]
+    for k, n in enumerate(lengths):
+        parts.append(tmp_path / f"p{k}.mp4")
+        video.encode_video(
+            [frame_code_image(k, i, 0, 48, 64) for i in range(n)], parts[-1], 10, vcodec=vcodec, gop=gop
+        )
+    starts = video.concat_videos(parts, tmp_path / "all.mp4")
+    for k, (start, n) in enumerate(zip(starts, lengths)):
+        cut = video.cut_video(tmp_path / "all.mp4", start, n)
+        assert cut is not None
+        (tmp_path / f"cut{k}.mp4").write_bytes(cut)
+        assert video.probe_video(tmp_path / f"cut{k}.mp4")["frames"] == n
+        times = [i / 10 for i in range(n)]
+        got = video.decode_frames(tmp_path / f"cut{k}.mp4", times, 0.05)
+        np.testing.assert_array_equal(got, video.decode_frames(parts[k], times, 0.05))
+        assert [decode_frame_code(im)[:2] for im in got] == [(k, i) for i in range(n)]
+    assert video.cut_video(tmp_path / "all.mp4", starts[0] + 0.1, 5) is None  # frame 1 is no keyframe
+
+
 def test_timestamp_outside_tolerance_is_an_error(tmp_path: Path) -> None:
     video.encode_video([frame_code_image(0, i, 0, 48, 64) for i in range(10)], tmp_path / "v.mp4", 10)
     with pytest.raises(DatasetFormatError, match=r"v\.mp4.*no frame within"):

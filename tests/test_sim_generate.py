@@ -3,6 +3,7 @@ vs flagged failures, and the output read back through our reader and loader."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ import pytest
 import vla.sim.generate as gen
 from vla.config import DataConfig, load_config
 from vla.data.loader import build_loader
+from vla.data.merge import merge_datasets
 from vla.data.readers import open_dataset
-from vla.sim.generate import GenerateConfig, generate, merge_datasets, shard_range
+from vla.sim.generate import GenerateConfig, generate, shard_range
 
 
 def _cfg(out: Path, **kw) -> GenerateConfig:
@@ -56,9 +58,53 @@ def test_shards_merge_into_the_single_run_dataset(tmp_path: Path) -> None:
         generate(_cfg(tmp_path / f"shard{k}", shard=k, num_shards=2), progress_bar=False)
     assert [e[0] for e in _episodes(tmp_path / "shard0")] == [0, 1]
     merged = merge_datasets([tmp_path / "shard1", tmp_path / "shard0"], tmp_path / "merged")
-    assert _episodes(merged) == _episodes(tmp_path / "single")
+    assert (merged.copied, merged.reencoded) == (4, 0), merged  # alike shards: videos stream-copied
+    assert "stream-copied for 4" in str(merged) and "re-encoded" not in str(merged)
+    assert _episodes(merged.out) == _episodes(tmp_path / "single")
+    _assert_frames_equal_sources(merged.out, [tmp_path / "shard0", tmp_path / "shard1"])
+    # the image stats the shards recorded are kept, so the merged stats equal the single run's (up to the
+    # rounding of aggregating them in float64 rather than the float32 they were computed in)
+    got, want = (
+        json.loads((p / "meta" / "stats.json").read_text()) for p in (merged.out, tmp_path / "single")
+    )
+    assert got.keys() == want.keys()
+    for key in want:
+        for stat in want[key]:
+            np.testing.assert_allclose(got[key][stat], want[key][stat], rtol=1e-6, err_msg=f"{key}/{stat}")
     with pytest.raises(FileExistsError):
         merge_datasets([tmp_path / "shard0"], tmp_path / "merged")
+
+
+def _assert_frames_equal_sources(merged: Path, sources: list[Path]) -> None:
+    """Every frame of every camera of ``merged`` decodes byte-identical to the same frame of its source."""
+    readers = [open_dataset(s) for s in sources]
+    where = {int(r.episode_metadata("train", e)["sim_index"]): (r, e) for r in readers
+             for e in range(r.num_episodes("train"))}  # fmt: skip
+    out = open_dataset(merged)
+    assert out.num_episodes("train") == len(where)
+    for e in range(out.num_episodes("train")):
+        src, se = where[int(out.episode_metadata("train", e)["sim_index"])]
+        frames = list(range(out.episode_length("train", e)))
+        assert frames == list(range(src.episode_length("train", se)))
+        got, want = (r.read_images("train", i, frames, out.image_keys()) for r, i in ((out, e), (src, se)))
+        for key in out.image_keys():
+            assert got[key].shape[0] == len(frames) and got[key].tobytes() == want[key].tobytes(), (e, key)
+
+
+def test_merge_reencodes_sources_whose_videos_differ(tmp_path: Path) -> None:
+    """Shards encoded with different codecs cannot share a stream: frames are decoded and re-encoded (said so in
+    the summary), the result loads with the same low-dim data and nearly the same frames."""
+    generate(_cfg(tmp_path / "s0", shard=0, num_shards=2), progress_bar=False)
+    generate(_cfg(tmp_path / "s1", shard=1, num_shards=2, vcodec="av1"), progress_bar=False)
+    merged = merge_datasets([tmp_path / "s0", tmp_path / "s1"], tmp_path / "m")
+    assert (merged.copied, merged.reencoded) == (0, 4), merged
+    assert "codec 'h264' vs 'av1'" in str(merged) and "re-encoded for 4" in str(merged)
+    assert sorted(_episodes(merged.out)) == sorted(_episodes(tmp_path / "s0") + _episodes(tmp_path / "s1"))
+    out, src = open_dataset(merged.out), open_dataset(tmp_path / "s1")
+    key, n = out.image_keys()[0], src.episode_length("train", 0)
+    got = out.read_images("train", 2, list(range(n)), [key])[key].astype(float)
+    want = src.read_images("train", 0, list(range(n)), [key])[key].astype(float)
+    assert got.shape == want.shape and np.abs(got - want).mean() < 4  # lossy, but the same pictures
 
 
 def test_interrupt_leaves_a_valid_dataset_and_rerun_completes(tmp_path: Path, monkeypatch) -> None:
@@ -160,3 +206,33 @@ def test_sim_mix_names_are_generatable_robot_task_pairs() -> None:
     pairs = {f"sim_{r}_{t}" for r in ROBOTS.names() for t in TASKS.names()}
     names = [d.name for d in get_mixture("sim_mix").datasets]
     assert names and set(names) <= pairs, sorted(set(names) - pairs)
+
+
+def test_merge_reencodes_an_episode_it_cannot_cut(tmp_path: Path, monkeypatch) -> None:
+    """An episode whose segment does not start on a keyframe is decoded and re-encoded (with the sources'
+    codec and settings) between stream-copied ones; the summary says which and why."""
+    import vla.data.merge as merge
+
+    for k in range(2):
+        generate(_cfg(tmp_path / f"s{k}", shard=k, num_shards=2), progress_bar=False)
+    real = merge.video.cut_video
+    calls: list[int] = []
+
+    def uncuttable_third(path, start, length):  # the third episode's first camera (merge order 0, 1, 2, 3)
+        calls.append(length)
+        return None if len(calls) == 2 * 2 + 1 else real(path, start, length)
+
+    monkeypatch.setattr(merge.video, "cut_video", uncuttable_third)
+    merged = merge_datasets([tmp_path / "s0", tmp_path / "s1"], tmp_path / "m")
+    assert (merged.copied, merged.reencoded) == (3, 1), merged
+    assert "episode 0 does not start on a keyframe" in str(merged)
+    assert [e[0] for e in _episodes(merged.out)] == [0, 1, 2, 3]
+    out, src = open_dataset(merged.out), open_dataset(tmp_path / "s1")
+    for e, se in ((2, 0), (3, 1)):  # the re-encoded episode is close to its source, the next one exact
+        n = src.episode_length("train", se)
+        got, want = (
+            r.read_images("train", i, list(range(n)), r.image_keys()) for r, i in ((out, e), (src, se))
+        )
+        for key in out.image_keys():
+            diff = np.abs(got[key].astype(float) - want[key].astype(float)).mean()
+            assert diff < 4 if e == 2 else diff == 0, (e, key, diff)

@@ -173,9 +173,9 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
 
 def cmd_data_merge(args: argparse.Namespace) -> int:
-    from vla.sim.generate import merge_datasets
+    from vla.data.merge import merge_datasets
 
-    print(f"wrote {merge_datasets(args.sources, args.out)}")
+    print(merge_datasets(args.sources, args.out))
     return 0
 
 

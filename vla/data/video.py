@@ -6,7 +6,7 @@ keyframe straight to the decoder; a decoder that is already positioned inside th
 forward, so frames of one episode requested in ascending order cost one forward pass. Decoded frames go to a
 per-process LRU (``VLA_VIDEO_CACHE_MB``, default 256) and are converted to RGB only when asked for.
 
-Encoding (``VideoEncoder``, ``encode_video``, ``concat_videos``; AV1 or H.264 with LeRobot's settings) lives in
+Encoding (``VideoEncoder``, ``encode_video``, ``concat_videos``, ``cut_video``; AV1 or H.264 with LeRobot's settings) lives in
 ``vla.data.video_encode`` and is re-exported here, so ``from vla.data import video`` covers both directions.
 """
 
@@ -32,6 +32,7 @@ from vla.data.video_encode import (
     VideoEncoder,
     available_encoder,
     concat_videos,
+    cut_video,
     encode_video,
     encoder_options,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "close_decoder",
     "close_decoders",
     "concat_videos",
+    "cut_video",
     "decode_frames",
     "encode_video",
     "encoder_options",

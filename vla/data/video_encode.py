@@ -2,12 +2,14 @@
 
 Encoding writes uint8 ``[T, H, W, 3]`` stacks as yuv420p AV1 (SVT-AV1, LeRobot's default) or H.264 (x264)
 with LeRobot's settings (GOP 2, CRF 30); ``concat_videos`` stream-copies per-episode files into one LeRobot v3
-video file. Decoding lives in ``vla.data.video`` (which re-exports everything here).
+video file and ``cut_video`` cuts one episode back out of it, again without re-encoding. Decoding lives in
+``vla.data.video`` (which re-exports everything here).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -143,3 +145,45 @@ def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[floa
                     out.mux(packet)
                 offset = end
     return starts
+
+
+def cut_video(path: str | Path, start: float, length: int) -> bytes | None:
+    """The ``length`` frames of ``path`` from ``start`` s on as a standalone MP4 (its bytes), by stream copy.
+
+    The packets whose presentation time lies in the segment are remuxed unchanged, their timestamps shifted to
+    start at 0, so the result decodes to exactly the frames the segment shows in ``path`` (the inverse of
+    ``concat_videos``). ``None`` when that is impossible without re-encoding: the segment does not start on a
+    keyframe (it would need earlier frames to decode) or does not hold ``length`` frames.
+    """
+    with av.open(str(path)) as src:
+        stream = src.streams.video[0]
+        tick = round(1 / (stream.average_rate * stream.time_base)) if stream.average_rate else 1
+        first = round(start / stream.time_base)
+        lo, hi = first - tick // 2, first + length * tick - tick // 2  # half a frame of rounding slack
+        src.seek(max(lo - 2 * tick, 0), stream=stream, backward=True)  # a keyframe at or before the segment
+        packets = []
+        for packet in src.demux(stream):
+            if packet.dts is None:  # demuxer flush packet
+                continue
+            if packet.dts >= hi:  # pts >= dts: nothing later belongs to the segment
+                break
+            if lo <= packet.pts < hi:
+                packets.append(packet)
+        if (
+            len(packets) != length
+            or not packets[0].is_keyframe
+            or min(p.pts for p in packets) != packets[0].pts
+        ):
+            return None
+        shift = packets[0].pts
+        # a file, not memory: faststart (moov first, as encode_video writes) re-reads the output by name
+        with tempfile.TemporaryDirectory(prefix="vla-cut-") as tmp:
+            target = Path(tmp) / "segment.mp4"
+            with av.open(str(target), "w", options={"movflags": "faststart"}) as out:
+                out_stream = out.add_stream_from_template(stream, opaque=True)
+                out_stream.time_base = stream.time_base
+                for packet in packets:
+                    packet.pts, packet.dts = packet.pts - shift, packet.dts - shift
+                    packet.stream = out_stream
+                    out.mux(packet)
+            return target.read_bytes()

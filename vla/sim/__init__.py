@@ -14,7 +14,7 @@ Modules, one job each:
 - ``ik`` / ``expert``  damped-least-squares IK on MuJoCo Jacobians; waypoint scripted experts per task
 - ``randomization`` / ``perception``  the four reality-gap sources, levels none..high + held-out reality_proxy
 - ``env``        ``make(embodiment, task, randomization=, seed=)``: the Gymnasium environment
-- ``generate``   ``vla sim generate`` (parallel, sharded, resumable) and ``vla data merge``; ``preview``
+- ``generate``   ``vla sim generate`` (parallel, sharded, resumable; ``vla data merge`` joins shards); ``preview``
 
 Set ``MUJOCO_GL=egl`` before importing mujoco for headless rendering. ``vla.sim`` never imports ``vla.models``.
 """

@@ -9,7 +9,7 @@ metadata, atomic per episode), so
 
 * ``--workers W`` gives the same dataset for any W,
 * ``--shard K --num-shards M`` writes the K-th contiguous block of episode indices (cluster array jobs), and
-  ``vla data merge`` joins the shards,
+  ``vla data merge`` (``vla.data.merge``) joins the shards, copying their videos without re-encoding,
 * re-running skips finished episodes (the ``sim_index`` of each written episode, plus a progress file for
   dropped ones), and Ctrl-C leaves a valid dataset of the finished episodes.
 
@@ -265,43 +265,3 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
         if writer is not None:
             writer.finalize()
     return counts
-
-
-def merge_datasets(sources: list[str | Path], out: str | Path) -> Path:
-    """``vla data merge``: join LeRobot datasets with the same features (e.g. generation shards) into ``out``.
-
-    Episodes are ordered by their ``sim_index`` when every source has one (so merged shards equal a single-run
-    dataset), else source by source. Frames are re-read and re-encoded; episode metadata is kept.
-    """
-    from vla.data.convert import writer_episode_metadata
-    from vla.data.readers.lerobot import LeRobotReader
-    from vla.data.writers.lerobot import LeRobotWriter
-
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
-    readers = [LeRobotReader(s) for s in sources]
-    feats = [{k: (f.kind, f.shape) for k, f in r.features().items()} for r in readers]
-    for r, f in zip(readers[1:], feats[1:]):
-        if f != feats[0]:
-            raise ValueError(
-                f"{r.path} has features {f}, unlike {readers[0].path} {feats[0]}; only like datasets merge"
-            )
-    items = [(r, e, r.episode_metadata("train", e)) for r in readers for e in range(r.num_episodes("train"))]
-    if all("sim_index" in m for _, _, m in items):
-        items.sort(key=lambda x: int(x[2]["sim_index"]))
-    info = readers[0].lerobot_info()
-    user = {
-        k: v
-        for k, v in info["features"].items()
-        if k not in ("timestamp", "frame_index", "episode_index", "index", "task_index")
-    }
-    with LeRobotWriter(
-        out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="create"
-    ) as w:
-        for r, e, meta in items:
-            raw = r.read_episode("train", e)
-            imgs = r.read_images("train", e, list(range(raw.length)), r.image_keys())
-            frames = {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}
-            w.add_episode(frames, [str(t) for t in raw.steps["task"]], writer_episode_metadata(meta))
-    return out

@@ -112,7 +112,7 @@ class SystemRandomization:
     per-step period jitter as a fraction of the period; ``drop_frame_prob``: probability that ``observe`` returns
     the previous frame; ``reset_joint_std``: std (rad) of the per-joint offset added to the home pose
     (``record["system"]["reset_joint_offset"]``); ``object_xy_jitter``: per-axis offset (m) of each object's
-    built position.
+    built position, redrawn where it would make objects overlap or leave the table (``sample_object_jitter``).
     """
 
     control_period_scale: Range = (1.0, 1.0)
@@ -235,8 +235,56 @@ def sample_system(cfg: SystemRandomization, rng: np.random.Generator, world: Any
     rec["reset_joint_std"] = std
     rec["reset_joint_offset"] = (rng.normal(0.0, std, world.robot.dof) if std > 0 else
                                  np.zeros(world.robot.dof)).tolist()  # fmt: skip
-    rec["object_xy_jitter"] = {name: js(uniform(rng, cfg.object_xy_jitter, 2)) for name in world.objects}
+    rec["object_xy_jitter"] = sample_object_jitter(cfg.object_xy_jitter, rng, world)
     return rec
+
+
+JITTER_MARGIN = 0.005  # m kept between the footprints of two jittered objects that collide
+JITTER_TRIES = 20  # draws per object before it keeps its built position
+
+
+def _built_xy(world: Any, obj: Any) -> np.ndarray:
+    """An object's xy as built (world frame), where ``apply_model_values`` adds the offset."""
+    nom, m = cached_nominal(world, "dynamics", _read_nominal), world.model
+    if obj.joint is not None and m.joint(obj.joint).type == mujoco.mjtJoint.mjJNT_FREE:
+        adr = m.joint(obj.joint).qposadr[0]
+        return nom["qpos0"][adr : adr + 2].copy()
+    return nom["body_pos"][m.body(obj.body).id, :2].copy()
+
+
+def sample_object_jitter(bounds: Range, rng: np.random.Generator, world: Any) -> dict[str, list[float]]:
+    """Per-object xy offsets (m, each axis in ``bounds``) that keep objects apart and on the table.
+
+    Independent offsets could push two neighbours (tasks place footprints only ``CLEARANCE`` = 5 cm apart) into
+    each other, and interpenetrating free bodies explode at the first step. So objects are drawn one by one and an
+    offset is redrawn (``JITTER_TRIES`` times, then 0: the built position) when the jittered footprint
+    (``ObjectHandles.radius``) would come within ``JITTER_MARGIN`` of another colliding object's footprint (those
+    already jittered where they now are, the rest where they were built, so falling back to 0 stays clear), or
+    would stick out past the table edge further than the built one did. Flat markers collide with nothing and are
+    only kept on the table. Without conflicts this draws exactly what independent offsets did (same rng stream);
+    the fallback 0 lies outside ``bounds`` that exclude 0.
+    """
+    objs = world.objects
+    table = np.asarray(world.params["table_half"], float)
+    where = {name: (_built_xy(world, obj), obj.radius) for name, obj in objs.items() if obj.kind != "marker"}
+    out: dict[str, list[float]] = {}
+    for name, obj in objs.items():
+        built, dxy = _built_xy(world, obj), np.zeros(2)
+        # an object built overhanging the edge (a drawer's circumscribed circle) may not overhang more
+        edge = np.maximum(table, np.abs(built) + obj.radius)
+        others = [(xy, r) for n, (xy, r) in where.items() if n != name] if obj.kind != "marker" else []
+        for _ in range(JITTER_TRIES):
+            cand = np.asarray(uniform(rng, bounds, 2), float)
+            xy = built + cand
+            if np.all(np.abs(xy) + obj.radius <= edge) and all(
+                np.linalg.norm(xy - p) >= obj.radius + r + JITTER_MARGIN for p, r in others
+            ):
+                dxy = cand
+                break
+        if name in where:
+            where[name] = (built + dxy, obj.radius)
+        out[name] = js(dxy)
+    return out
 
 
 def apply_model_values(world: Any, rec: dict[str, Any]) -> None:

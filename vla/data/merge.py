@@ -1,0 +1,176 @@
+"""``vla data merge``: join LeRobot datasets with the same features (e.g. ``vla sim generate`` shards) into one.
+
+Camera streams are copied, not re-encoded, when every source stores them alike (codec, pixel format, size, fps,
+codec headers; LeRobot v3.0): each episode's packets are cut out of its source file (``video.cut_video``; each
+episode was encoded on its own, so it starts on a keyframe) and appended through
+``LeRobotWriter.add_encoded_episode`` with the image stats the source recorded for it. The frames decode
+bit-identical to the sources' and a merge costs little more than copying files. When the sources differ (or
+an episode cannot be cut: it does not start on a keyframe, or its stats are missing) frames are decoded and
+re-encoded instead; ``MergeSummary`` says which path each episode took, and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+
+from vla.data import video
+from vla.data.convert import writer_episode_metadata
+from vla.data.readers.lerobot import LeRobotReader
+from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
+from vla.data.writers.lerobot_episode import EncodedEpisode
+
+VideoStats = dict[str, dict[str, np.ndarray]]  # video key -> stat name -> array
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What ``merge_datasets`` wrote: ``copied`` episodes had their videos stream-copied, ``reencoded`` ones were
+    decoded and re-encoded; ``reason`` says why any were re-encoded (``None`` when all were copied)."""
+
+    out: Path
+    episodes: int
+    copied: int
+    reencoded: int
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        line = f"wrote {self.out}: {self.episodes} episodes"
+        if self.copied or self.reencoded:
+            line += f"; videos stream-copied for {self.copied}"
+        if self.reencoded:
+            line += f", decoded and re-encoded for {self.reencoded} ({self.reason})"
+        return line
+
+
+def _stream_signature(path: Path) -> dict[str, Any]:
+    """What must be equal for packets of two files to be concatenated into one stream."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        return {"codec": ctx.codec.canonical_name, "pix_fmt": ctx.pix_fmt, "size": (stream.height, stream.width),
+                "fps": stream.average_rate, "time_base": stream.time_base, "headers": bytes(ctx.extradata or b"")}  # fmt: skip
+
+
+def _copy_plan(readers: list[LeRobotReader], keys: list[str]) -> tuple[str | None, str]:
+    """(why the sources' videos cannot be stream-copied into one dataset or ``None`` when they can, their codec)."""
+    for r in readers:
+        if r.version != "v3.0":
+            return f"{r.path} is LeRobot {r.version}; stream copy reads v3.0 video files", ""
+    if len({r.fps for r in readers}) > 1:
+        return f"the sources' fps differ ({sorted({r.fps for r in readers})})", ""
+    codec = ""
+    for key in keys:
+        files = sorted({ep.videos[key][0] for r in readers for ep in r.meta.episodes.values()})
+        want = _stream_signature(files[0]) if files else {}
+        codec = codec or want.get("codec", "")
+        for path in files[1:]:
+            got = _stream_signature(path)
+            if diff := [k for k in want if got[k] != want[k]]:
+                shown = ", ".join(f"{k} {want[k]!r} vs {got[k]!r}" for k in diff if k != "headers")
+                return f"{key}: {path} differs from {files[0]} in {shown or 'codec headers'}", ""
+    try:  # the writer checks stream-copied episodes against its own encoder for this codec
+        video.available_encoder(codec)
+    except ValueError as e:
+        return str(e), ""
+    return None, codec
+
+
+def _video_stats(reader: LeRobotReader, keys: list[str]) -> dict[int, VideoStats]:
+    """The per-episode image stats the source recorded (``stats/<key>/<stat>`` episode columns) by episode_index."""
+    out: dict[int, VideoStats] = {}
+    for path in sorted((reader.path / "meta" / "episodes").glob("*/*.parquet")):
+        names = [n for n in pq.read_schema(path).names if n.startswith(tuple(f"stats/{k}/" for k in keys))]
+        for row in pq.read_table(path, columns=["episode_index", *names]).to_pylist():
+            stats: VideoStats = {}
+            for name in names:
+                key, stat = name[len("stats/") :].rsplit("/", 1)
+                if row[name] is not None:
+                    stats.setdefault(key, {})[stat] = np.asarray(row[name])
+            out[int(row["episode_index"])] = stats
+    return out
+
+
+def _cut_episode(reader: LeRobotReader, episode: int, keys: list[str], stats: VideoStats
+                 ) -> tuple[dict[str, bytes], str | None]:  # fmt: skip
+    """The episode's MP4 per video key, cut out of the source by stream copy; or why it cannot be."""
+    record = reader.meta.episodes[reader.meta.splits["train"][episode]]
+    if missing := [k for k in keys if not {"mean", "std", "min", "max", "count"} <= set(stats.get(k, {}))]:
+        return {}, f"{reader.path} episode {record.index} has no image stats for {missing}"
+    videos = {}
+    for key in keys:
+        path, start = record.videos[key]
+        cut = video.cut_video(path, start, record.length)
+        if cut is None:
+            return {}, f"{path} episode {record.index} does not start on a keyframe"
+        videos[key] = cut
+    return videos, None
+
+
+def merge_datasets(sources: list[str | Path], out: str | Path) -> MergeSummary:
+    """Join LeRobot datasets with the same features (e.g. generation shards) into a new dataset at ``out``.
+
+    Episodes are ordered by their ``sim_index`` when every source has one (so merged shards equal a single-run
+    dataset), else source by source; episode metadata is kept. Videos are stream-copied where possible (see the
+    module docstring), low-dim features rewritten.
+    """
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
+    readers = [LeRobotReader(s) for s in sources]
+    feats = [{k: (f.kind, f.shape) for k, f in r.features().items()} for r in readers]
+    for r, f in zip(readers[1:], feats[1:]):
+        if f != feats[0]:
+            raise ValueError(
+                f"{r.path} has features {f}, unlike {readers[0].path} {feats[0]}; only like datasets merge"
+            )
+    items = [(r, e, r.episode_metadata("train", e)) for r in readers for e in range(r.num_episodes("train"))]
+    if all("sim_index" in m for _, _, m in items):
+        items.sort(key=lambda x: int(x[2]["sim_index"]))
+    info = readers[0].lerobot_info()
+    user = {k: v for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
+    keys = [k for k, ft in user.items() if ft["dtype"] == "video"]
+    blocker, codec = _copy_plan(readers, keys) if keys else ("no videos", "")
+    copy = blocker is None
+    settings: dict[str, Any] = {}
+    if copy:  # the sources' codec and settings: info.json and any re-encoded episode match the copied ones
+        enc = user[keys[0]].get("info", {})
+        settings = {"vcodec": codec}
+        settings |= {name: enc[f"video.{k}"] for name, k in (("crf", "crf"), ("gop", "g"), ("preset", "preset"))
+                     if enc.get(f"video.{k}") is not None}  # fmt: skip
+    stats = {r.path: _video_stats(r, keys) for r in readers} if copy else {}
+    copied, reasons = 0, [] if copy else [blocker]
+    with LeRobotWriter(out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="create",
+                       **settings) as w:  # fmt: skip
+        for r, e, meta in items:
+            raw = r.read_episode("train", e)
+            tasks, metadata = [str(t) for t in raw.steps["task"]], writer_episode_metadata(meta)
+            if copy:
+                ep_stats = stats[r.path].get(r.meta.splits["train"][e], {})
+                videos, why = _cut_episode(r, e, keys, ep_stats)
+                if why is None:
+                    frames = {k: raw.steps[k] for k in user if k not in keys}
+                    episode = EncodedEpisode(raw.length, frames, videos, {k: ep_stats[k] for k in keys},
+                                             video.available_encoder(codec), float(info["fps"]))  # fmt: skip
+                    w.add_encoded_episode(episode, tasks, metadata)
+                    copied += 1
+                    continue
+                reasons.append(why)
+            imgs = r.read_images("train", e, list(range(raw.length)), keys)
+            w.add_episode({k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}, tasks, metadata)
+    reencoded = len(items) - copied if keys else 0
+    shown = list(dict.fromkeys(reasons))
+    reason = (
+        "; ".join(shown[:3]) + (f"; ... ({len(shown) - 3} more)" if len(shown) > 3 else "")
+        if reencoded
+        else None
+    )
+    return MergeSummary(out, len(items), copied, reencoded, reason)
+
+
+__all__ = ["MergeSummary", "merge_datasets"]
