@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from peer import peer_python
+from peer import LOAD_ITEMS, peer_python
 
 from vla.data import video
 from vla.data.readers.base import DatasetFormatError
@@ -462,24 +462,12 @@ def test_frame_and_episode_out_of_range(v3_av1: Path) -> None:
 
 
 # ---- LeRobot interop ---------------------------------------------------------------------------------------
-PEER_CHECK = """
-import json, sys
-from pathlib import Path
-import numpy as np
-from lerobot.datasets.lerobot_dataset import LeRobotDataset
-root, query, out = Path(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3])
-result = {}
-for backend in ("torchcodec", "pyav"):
+PEER_CHECK = (
+    LOAD_ITEMS
+    + """
+for backend, res in result.items():
     ds = LeRobotDataset("local/" + root.name, root=root, video_backend=backend)
-    res = result[backend] = {"len": len(ds), "num_episodes": ds.num_episodes, "fps": ds.fps, "items": []}
     res["stats_q01_action"] = np.asarray(ds.meta.stats["action"]["q01"]).tolist()
-    for idx in query:
-        item = ds[idx]
-        row = {k: item[k].tolist() for k in ("observation.state", "action", "episode_index", "frame_index", "index")}
-        row["task"] = item["task"]
-        for k in [k for k in item if k.startswith("observation.images.")]:
-            np.save(out / f"{backend}-{idx}-{k}.npy", (item[k].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
-        res["items"].append(row)
     chunk = LeRobotDataset("local/" + root.name, root=root, video_backend=backend,
                            delta_timestamps={"action": [i / ds.fps for i in range(5)]})[query[-1]]
     res["last_action_is_pad"] = chunk["action_is_pad"].tolist()
@@ -500,6 +488,7 @@ result["stats"] = {
 }
 (out / "result.json").write_text(json.dumps(result))
 """
+)
 
 
 def _run_lerobot_check(root: Path, out: Path) -> None:

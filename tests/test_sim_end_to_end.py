@@ -100,32 +100,13 @@ def test_generate_to_loader_batch_to_model_loss(
     assert torch.isfinite(loss) and loss > 0
 
 
-SIM_PEER_CHECK = """
-import json, sys
-from pathlib import Path
-import numpy as np
-from lerobot.datasets.lerobot_dataset import LeRobotDataset
-root, query, out = Path(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3])
-result = {}
-for backend in ("torchcodec", "pyav"):
-    ds = LeRobotDataset("local/" + root.name, root=root, video_backend=backend)
-    res = result[backend] = {"len": len(ds), "num_episodes": ds.num_episodes, "fps": ds.fps, "items": []}
-    for idx in query:
-        item = ds[idx]
-        row = {k: item[k].tolist() for k in ("observation.state", "action", "episode_index", "frame_index")}
-        row["task"] = item["task"]
-        for k in [k for k in item if k.startswith("observation.images.")]:
-            img = (item[k].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-            np.save(out / f"{backend}-{idx}-{k}.npy", img)
-        res["items"].append(row)
-(out / "result.json").write_text(json.dumps(result))
-"""
+SAVE_RESULT = '\n(out / "result.json").write_text(json.dumps(result))\n'
 
 
 def test_lerobot_loads_a_generated_bimanual_dataset(tmp_path: Path) -> None:
     """Worker-encoded, stream-concatenated sim videos load in LeRobot 0.6.1 (both video backends), every camera
     frame and every low-dim value as our reader reads them."""
-    from peer import peer_python
+    from peer import LOAD_ITEMS, peer_python
 
     python = peer_python()
     if python is None:
@@ -153,7 +134,7 @@ def test_lerobot_loads_a_generated_bimanual_dataset(tmp_path: Path) -> None:
     starts = [0, lengths[0]]
     query = [0, lengths[0] - 1, lengths[0], lengths[0] + lengths[1] - 1]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_LEROBOT_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([str(python), "-c", SIM_PEER_CHECK, str(out), json.dumps(query), str(tmp_path)],
+    proc = subprocess.run([str(python), "-c", LOAD_ITEMS + SAVE_RESULT, str(out), json.dumps(query), str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
