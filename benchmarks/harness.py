@@ -27,8 +27,22 @@ def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
 
 def run_child(script: str, job: dict, env_extra: dict[str, str] | None = None, timeout: int = 3600) -> dict:
     """Run ``script _child JOB`` and return the dict it prints after ``RESULT `` (or ``{"error": ...}``)."""
+    return _result([sys.executable, script, "_child", json.dumps(job)], env_extra, timeout)
+
+
+def run_in_peer_venv(script: str, job: dict, timeout: int = 3600) -> dict:
+    """Run ``script PEER_DIR JOB`` with the peer venv's python; the dict it prints after ``RESULT ``."""
+    py = PEER_VENV / "bin" / "python"
+    if not py.exists():
+        return {
+            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
+        }
+    return _result([str(py), script, str(PEER_DIR), json.dumps(job)], None, timeout)
+
+
+def _result(cmd: list[str], env_extra: dict[str, str] | None, timeout: int) -> dict:
     proc = subprocess.run(
-        [sys.executable, script, "_child", json.dumps(job)],
+        cmd,
         capture_output=True,
         text=True,
         env={**os.environ, **CHILD_ENV, **(env_extra or {})},

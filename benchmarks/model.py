@@ -7,13 +7,13 @@ Config (both sides): SmolVLM-family backbone, vision 384 x 4 layers at 224 px, t
 action 7, chunk 50, prompt <= 48 tokens; backbone frozen (expert, projections and heads trained).
 Measured: a training step (forward + backward + grad-clip + AdamW + LR-scheduler step, batch 8) in fp32 and with
 bf16 autocast, and one-chunk inference (batch 1, 10 flow steps) in fp32 and bf16 autocast (both sides), plus our
-serving modes (``prepare_inference``: fp32 or bf16 weights, optionally compiled with frozen weights), each with
-its peak RSS; every measurement in its own subprocess. Serving modes also report how far their chunk is from the
+serving modes (``prepare_inference``: fp32 or bf16 weights, optionally compiled with frozen weights) and the peer's
+own compiled inference (``compile_model=True``, ``benchmarks/peer_smolvla_compiled.py``), each with its peak RSS; every measurement in its own subprocess. Serving modes also report how far their chunk is from the
 fp32 eager chunk (same weights, same noise). Model FLOPs utilization: the FLOPs of one training step / one chunk
-(counted with ``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the same run
-(DESIGN §10); the peer's MFU uses our count (same architecture; its state token sits in the prefix).
+(counted with ``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the
+same run (DESIGN §10); the peer's MFU uses our count (same architecture; its state token sits in the prefix).
 
-    .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--out FILE.json]
+    .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--skip-peer-compiled] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import emit, peak_rss_mb, run_child, run_peer, stats3
+from harness import emit, peak_rss_mb, run_child, run_in_peer_venv, run_peer, stats3
 
 TASKS = [
     "pick up the red cube and place it in the bowl",
@@ -217,6 +217,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--skip-peer-compiled", action="store_true", help="skip LeRobot with compile_model=True")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.cmd == "_child":
@@ -246,6 +247,12 @@ def main() -> None:
     res["matmul_peak"] = run_child(__file__, {"kind": "peak", "threads": args.threads})
     if not args.skip_peer:
         peer = run_peer_smolvla(args)
+        if not args.skip_peer_compiled:  # LeRobot's own compile_model=True (minutes of max-autotune per mode)
+            for amp in ("fp32", "bf16"):
+                job = {"amp": amp, "threads": args.threads, "iters": 2 * args.iters, "warmup": args.warmup}
+                peer[f"smolvla_infer_b1_{amp}_compiled"] = run_in_peer_venv(
+                    str(Path(__file__).with_name("peer_smolvla_compiled.py")), job
+                )
         res["peer_lerobot"] = peer
         ratios = {}
         for amp in ("fp32", "bf16"):
@@ -265,14 +272,12 @@ def main() -> None:
                     res["ours"][f"infer_b1_{amp}"]["peak_rss_mb"]
                     / peer[f"smolvla_infer_b1_{amp}"]["peak_rss_mb"]
                 )
-        p = peer.get("smolvla_infer_b1_fp32", {}).get("s_per_chunk", {}).get("median")
-        pb = peer.get("smolvla_infer_b1_bf16", {}).get("s_per_chunk", {}).get("median")
         for mode in SERVING:
             o = res["ours"][f"infer_b1_{mode}"].get("s_per_chunk", {}).get("median")
-            if p and o:
-                ratios[f"infer_{mode}_vs_peer_fp32_speedup"] = p / o
-            if pb and o:
-                ratios[f"infer_{mode}_vs_peer_bf16_speedup"] = pb / o
+            for peer_mode in ("fp32", "bf16", "fp32_compiled", "bf16_compiled"):
+                p = peer.get(f"smolvla_infer_b1_{peer_mode}", {}).get("s_per_chunk", {}).get("median")
+                if p and o:
+                    ratios[f"infer_{mode}_vs_peer_{peer_mode}_speedup"] = p / o
         res["speedup"] = ratios
     res["mfu"] = {
         "train_b8": _mfu(res, "train_b8", "flops_per_step", "s_per_step"),
@@ -291,7 +296,7 @@ def _mfu(res: dict, kind: str, flops_key: str, time_key: str) -> dict:
     out: dict = {flops_key: flops, "peak_tflops": peak}
     timings = {f"ours_{k[len(kind) + 1 :]}": v.get(time_key, {}).get("median") for k, v in res["ours"].items()
                if k.startswith(kind)}  # fmt: skip
-    for amp in ("fp32", "bf16"):
+    for amp in ("fp32", "bf16", "fp32_compiled", "bf16_compiled"):
         timings[f"peer_{amp}"] = res.get("peer_lerobot", {}).get(f"smolvla_{kind}_{amp}", {}).get(time_key, {}).get("median")  # fmt: skip
     for name, sec in timings.items():
         if sec:
