@@ -783,11 +783,13 @@ def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     sections = [m.group(1) for m in re.finditer(r"^== (.+)$", out, re.M)]
-    assert [s.split(".")[0] for s in sections[:-1]] == [str(i) for i in range(1, 10)], sections
+    assert [s.split(".")[0] for s in sections[:-1]] == [str(i) for i in range(1, 11)], sections
     assert sections[-1] == "not built yet"
     tail = out.split("== not built yet", 1)[1]
-    for part in ("training loop", "serving", "simulation", "evaluation"):
+    for part in ("training loop", "serving", "evaluation"):
         assert part in tail
+    assert re.search(r"wrote 2 episodes \(0 failed demos dropped\)", out)
+    assert out.count("level medium;") == 2 and "cameras ['primary', 'wrist']" in out
     assert re.search(r"step  8  loss=[\d.]+", out) and "sampled action chunks [8, 8, 32]" in out
     assert (workdir / "model_trained" / "model.safetensors").is_file()
     assert re.search(r"demo finished in [\d.]+ s", tail)
