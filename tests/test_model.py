@@ -14,6 +14,7 @@ from vla.data.loader import build_loader
 from vla.data.writers.synthetic import make_lerobot_dataset
 from vla.embodiments import get_embodiment
 from vla.models.hub import from_pretrained, save_pretrained
+from vla.models.policies.flow_vla import FlowVLA
 from vla.models.testing import synthetic_batch, tiny_model
 from vla.types import Batch
 
@@ -117,6 +118,21 @@ def test_load_rejects_mismatched_weights(model, tmp_path: Path) -> None:
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="does not match the architecture"):
         from_pretrained(out)
+
+
+def test_load_refuses_other_checkpoint_format_versions(model, tmp_path: Path) -> None:
+    import json
+
+    out = save_pretrained(model, tmp_path / "ckpt")
+    cfg = json.loads((out / "config.json").read_text())
+    for version, message in (
+        (1, "before the embodiment token became a summary token"),
+        (99, "not supported"),
+    ):
+        cfg["vla_format_version"] = version
+        (out / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError, match=message):
+            from_pretrained(out)
 
 
 def test_adding_an_embodiment_leaves_the_others_unchanged() -> None:
@@ -308,25 +324,38 @@ def test_compiled_expert_matches_eager() -> None:
 
 
 def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None:
-    """prepare_inference(compile=True) freezes weights into the compiled graphs; train() must drop them."""
+    """prepare_inference(compile=True) freezes weights into the compiled graphs: changed weights must never be
+    served from them (train() drops them; a second prepare_inference and any in-place update recompile)."""
     m = tiny_model("smolvlm", seed=0)
     batch = synthetic_batch(m)
-    ref = m.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+    original = {k: v.clone() for k, v in m.state_dict().items()}
+
+    def sample(model: FlowVLA) -> torch.Tensor:
+        return model.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+
+    def eager(state: dict) -> torch.Tensor:
+        fresh = tiny_model("smolvlm", seed=0)
+        fresh.load_state_dict(state)
+        return sample(fresh)
+
+    ref = sample(m)
     m.prepare_inference("float32", compile=True)
-    torch.testing.assert_close(
-        m.sample_actions(batch, generator=torch.Generator().manual_seed(1)), ref, atol=1e-4, rtol=1e-4
-    )
+    torch.testing.assert_close(sample(m), ref, atol=1e-4, rtol=1e-4)
     m.train()  # e.g. a fine-tuning step after serving
     with torch.no_grad():
         m.heads.action_out.bias.add_(0.5)
         m.expert.layers[0].mlp.down_proj.weight.mul_(2.0)
         m.backbone.layers[0].mlp.down_proj.weight.mul_(2.0)
     m.eval()
-    new = m.sample_actions(batch, generator=torch.Generator().manual_seed(1))
+    new = sample(m)
     assert (new - ref).abs().max() > 0.1
-    eager = tiny_model("smolvlm", seed=0)
-    eager.load_state_dict(m.state_dict())
-    torch.testing.assert_close(new, eager.sample_actions(batch, generator=torch.Generator().manual_seed(1)))
+    torch.testing.assert_close(new, eager(m.state_dict()))
+    m.prepare_inference("float32", compile=True)  # compiled again: must not reuse the first graphs
+    torch.testing.assert_close(sample(m), new, atol=1e-4, rtol=1e-4)
+    m.load_state_dict(original)  # hot reload without train(): recompiled on the next call
+    torch.testing.assert_close(sample(m), ref, atol=1e-4, rtol=1e-4)
+    m.prepare_inference("float32")  # not compiled any more, the backbone included
+    assert m._serving_step is None and m.backbone._run_layers == m.backbone.run_layers
 
 
 def test_bf16_inference_is_close_to_fp32() -> None:

@@ -315,6 +315,16 @@ def test_degenerate_stats_refused_and_reported() -> None:
     assert spread < 2 * DEGENERATE_TOL  # degenerate if it counted as moving
     y = Normalizer(_stats(jitter), ["quantile"])(jitter.astype(np.float32))
     assert np.abs(y).max() < STATIC_TOL
+    # ... and a model's error on such a dim is not passed through at unit scale: it stays in the data's range
+    both = np.concatenate([jitter, np.random.default_rng(1).normal(size=(1000, 1))], axis=1)
+    un = Normalizer(_stats(both), ["quantile", "quantile"]).inverse()
+    lo, hi = _stats(both).min[0], _stats(both).max[0]
+    out = un(np.array([[0.8, 0.8], [-0.8, -0.8], [np.nan, 0.0]]))
+    assert lo <= out[0, 0] <= hi and lo <= out[1, 0] <= hi and np.isnan(out[2, 0])
+    assert out[0, 1] > 1.0 and out[1, 1] < -1.0  # moving dims: the exact affine inverse, unclamped
+    out_t = un(torch.tensor([[0.8, 0.8]], dtype=torch.float64))
+    np.testing.assert_allclose(out_t.numpy(), out[:1])
+    np.testing.assert_allclose(un(Normalizer(_stats(both), ["quantile"] * 2)(both)), both, atol=1e-12)
     # non-finite stats are refused
     bad = NormStats(mean=[np.nan], std=[1.0], min=[0.0], max=[1.0], q01=[0.0], q99=[np.nan], count=3)
     with pytest.raises(StatsError, match="non-finite"):

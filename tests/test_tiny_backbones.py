@@ -349,7 +349,13 @@ def test_first_n_layers_load_only_those_weights_and_bad_checkpoints_are_refused(
             (broken / f.name).write_bytes(f.read_bytes())
     weights = load_file(str(broken / "model.safetensors"))
     victim = next(k for k in weights if "layers.0." in k and "q_proj" in k)
-    del weights[victim]
-    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v for k, v in weights.items() if k != victim}, str(broken / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
     with pytest.raises(ValueError, match=r"does not match its config\.json"):
+        load_hf_vlm(str(broken), family, num_layers=2)
+    # a stray *vision* layer is not one of the language layers dropped on purpose
+    vision = next(k for k in weights if "encoder.layers.0." in k)
+    stray = {**weights, vision.replace("encoder.layers.0.", "encoder.layers.7."): weights[vision].clone()}
+    save_file(stray, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="unexpected"):
         load_hf_vlm(str(broken), family, num_layers=2)

@@ -221,6 +221,15 @@ class _FieldTransform:
         self.clipped = np.array(
             [k and m not in ("identity", "binary") for m, k in zip(modes, mask)], dtype=bool
         )
+        # dims that do not move in the data (see the module docstring): the Unnormalizer keeps them in [min, max]
+        const = [k and m in ("quantile", "mean_std", "min_max") and _is_constant(stats, i)
+                 for i, (m, k) in enumerate(zip(modes, mask))]  # fmt: skip
+        self.constant_lo = np.where(
+            const, np.asarray(stats.min, np.float64).reshape(-1)[: len(modes)], -np.inf
+        )
+        self.constant_hi = np.where(
+            const, np.asarray(stats.max, np.float64).reshape(-1)[: len(modes)], np.inf
+        )
         self._torch_cache: dict[tuple[Any, Any], tuple[torch.Tensor, ...]] = {}
 
     @property
@@ -306,7 +315,22 @@ class Normalizer(_FieldTransform):
 
 
 class Unnormalizer(_FieldTransform):
-    """Model units -> raw units for one field: the exact inverse of ``Normalizer`` (binary: ``y > 0`` -> 1)."""
+    """Model units -> raw units for one field: the exact inverse of ``Normalizer`` (binary: ``y > 0`` -> 1).
+
+    Dims that did not move in the data (constant within ``STATIC_TOL``, normalized with unit scale) are kept in
+    their data range ``[min, max]``: with unit scale a model error of 0.05 would otherwise command 0.05 rad on a
+    joint the data never moved (OpenVLA returns the constant)."""
+
+    def __call__(self, x: ArrayT) -> ArrayT:
+        y = super().__call__(x)
+        if not np.isfinite(self.constant_lo).any():
+            return y
+        if isinstance(y, torch.Tensor):
+            lo = torch.as_tensor(self.constant_lo, device=y.device, dtype=y.dtype)
+            hi = torch.as_tensor(self.constant_hi, device=y.device, dtype=y.dtype)
+            return torch.where(torch.isfinite(y), torch.minimum(torch.maximum(y, lo), hi), y)  # inf stays inf
+        kept = np.clip(y, self.constant_lo, self.constant_hi)
+        return np.where(np.isfinite(y), kept, y).astype(y.dtype, copy=False)
 
     def _apply(self, x, c, h, b, k, where, clamp):
         return where(b, _keep_nonfinite(where(x > 0, 1.0, 0.0), x, where), x * h + c)

@@ -75,7 +75,7 @@ def load_hf_vlm(
             )
         finally:
             hf_logging.set_verbosity(verbosity)
-        kept = re.compile(r"layers\.(\d+)\.")
+        kept = re.compile(r"(?:text_model|language_model)\.(?:model\.)?layers\.(\d+)\.")  # LM layers
         dropped = [
             k for k in info["unexpected_keys"] if (m := kept.search(k)) and int(m.group(1)) >= num_layers > 0
         ]
@@ -161,9 +161,13 @@ class VLMBackbone(nn.Module):
         self._encode_pixels = compile_fn(self.encode_pixels)
         self._run_layers = compile_fn(self.run_layers)
 
+    def drop_compiled(self) -> None:
+        """Back to the eager functions (FlowVLA drops compiled graphs whenever weights may change)."""
+        self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
+
     def train(self, mode: bool = True) -> VLMBackbone:
         if mode:  # compiled for serving with frozen weights: drop before weights can change
-            self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
+            self.drop_compiled()
         return super().train(mode)
 
     # ---- construction ----------------------------------------------------------------------------------------

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from vla.data.normalize import StatsFile
     from vla.models.policies.flow_vla import FlowVLA
 
-FORMAT_VERSION = 1
+#: 2: the embodiment token became a summary token (no other prefix token attends to it). Version-1 weights were
+#: trained with every prefix token seeing it, so this vla would compute something else with them: refused.
+FORMAT_VERSION = 2
 
 
 def save_pretrained(model: FlowVLA, out_dir: str | Path) -> Path:
@@ -92,9 +94,15 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         raise FileNotFoundError(f"{root}: no config.json; this is not a vla checkpoint folder")
     meta = json.loads(cfg_file.read_text())
     version = int(meta.get("vla_format_version", 0))
-    if version < 1 or version > FORMAT_VERSION:
+    if version == 1:
         raise ValueError(
-            f"{cfg_file}: vla_format_version {version} is not supported by this vla (knows 1..{FORMAT_VERSION})"
+            f"{cfg_file}: vla_format_version 1 was written before the embodiment token became a summary token "
+            "(format 2); its weights would compute different actions here. Re-train or fine-tune with this vla, or "
+            "load it with the vla version that wrote it."
+        )
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{cfg_file}: vla_format_version {version} is not supported by this vla (reads {FORMAT_VERSION})"
         )
     cfg: ModelConfig = load_model_config(meta["model"])
     specs = []

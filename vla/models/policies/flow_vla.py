@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,8 @@ from vla.types import Batch
 
 if TYPE_CHECKING:
     from vla.data.normalize import StatsFile
+
+log = logging.getLogger(__name__)
 
 
 class FlowVLA(nn.Module):
@@ -73,6 +76,7 @@ class FlowVLA(nn.Module):
             torch.compile(self.expert.forward, dynamic=True) if cfg.expert.compile else self.expert.forward
         )
         self._serving_step: Callable[..., torch.Tensor] | None = None  # prepare_inference(compile=True)
+        self._serving_weights: tuple[tuple[int, int], ...] | None = None  # what the compiled graphs froze
 
     # ---- embodiment table -------------------------------------------------------------------------------------
     @staticmethod
@@ -161,6 +165,7 @@ class FlowVLA(nn.Module):
 
     def compute_prefix(self, batch: Batch) -> Prefix:
         """Backbone keys/values of the batch's observation (images, prompt, embodiment token)."""
+        self._check_serving()
         ids = batch.embodiment_id.to(self.embodiment_tokens.weight.device)
         self._check_ids(ids)
         token = self.embodiment_tokens(ids)
@@ -302,8 +307,9 @@ class FlowVLA(nn.Module):
     ) -> FlowVLA:
         """Ready the model for serving: ``eval()``, weights cast to ``dtype`` (``"bfloat16"`` uses AMX on recent
         Xeons and tensor cores on GPUs; the flow integration state stays float32) and, with ``compile``, the
-        expert wrapped in ``torch.compile`` (one-time compile cost, fewer kernel launches per flow step)."""
+        flow step, vision tower and language layers compiled with frozen weights (one-time compile cost)."""
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self._drop_compiled()
         # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at
         # position 600): keep them float32, as HF computes them in float32 whatever the model dtype.
         rope = [
@@ -315,17 +321,39 @@ class FlowVLA(nn.Module):
         self.eval().to(dtype)
         for module, name, buf in rope:
             setattr(module, name, buf)
-        self._serving_step = None
         if compile:
-            # Inductor "freezing": weights become constants (pre-packed for oneDNN/AMX on CPU, folded on GPU).
-            # Only sample_actions uses it; train() drops it, so later weight updates are never served stale.
-            self._serving_step = _frozen_compile(self.flow_step)
-            self.backbone.compile_for_serving(_frozen_compile)
+            self._compile_serving()
         return self
+
+    # Compiled serving graphs hold *copies* of the weights (Inductor freezing), so they must never outlive a change
+    # of the weights: train() and prepare_inference() drop them, and compute_prefix() recompiles when any
+    # parameter or buffer was replaced, moved or updated in place since they were built (load_state_dict, an EMA
+    # step, .to()). Writing through ``param.data`` bypasses the version counters and is not detected.
+    def _compile_serving(self) -> None:
+        torch._dynamo.reset()  # graphs cached on the functions' code would otherwise be reused with old weights
+        self._serving_step = _frozen_compile(self.flow_step)
+        self.backbone.compile_for_serving(_frozen_compile)
+        self._serving_weights = self._weights_key()
+
+    def _drop_compiled(self) -> None:
+        if self._serving_weights is not None:
+            self._serving_step, self._serving_weights = None, None
+            self.backbone.drop_compiled()
+            torch._dynamo.reset()
+
+    def _weights_key(self) -> tuple[tuple[int, int], ...]:
+        return tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
+
+    def _check_serving(self) -> None:
+        if self._serving_weights is not None and self._weights_key() != self._serving_weights:
+            log.warning(
+                "weights changed after prepare_inference(compile=True): recompiling the serving graphs"
+            )
+            self._compile_serving()
 
     def train(self, mode: bool = True) -> FlowVLA:
         if mode:
-            self._serving_step = None  # compiled with frozen weights: invalid once training may change them
+            self._drop_compiled()
         return super().train(mode)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
