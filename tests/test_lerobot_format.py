@@ -18,10 +18,12 @@ import pytest
 from peer import LOAD_ITEMS, peer_python
 
 from vla.data import video
+from vla.data.readers import open_dataset
 from vla.data.readers.base import DatasetFormatError
 from vla.data.readers.lerobot import FrameIndexError, LeRobotReader
 from vla.data.writers import staging
 from vla.data.writers.lerobot import LeRobotWriter
+from vla.data.writers.lerobot_episode import encode_episode
 from vla.data.writers.synthetic import (
     TASKS,
     decode_frame_code,
@@ -95,6 +97,18 @@ def test_concat_videos_start_times_and_frames(tmp_path: Path) -> None:
     for k, (start, n) in enumerate(zip(starts, [12, 7, 9])):
         out = video.decode_frames(tmp_path / "all.mp4", [start + i / 10 for i in range(n)], 0.05)
         assert [decode_frame_code(im)[:2] for im in out] == [(k, i) for i in range(n)]
+
+
+def test_concat_videos_refuses_streams_with_other_codec_headers(tmp_path: Path) -> None:
+    """x264 stores the CRF's initial QP in the PPS: the same encoder at another CRF makes other codec headers,
+    and its packets appended under the first file's headers would decode to wrong pixels."""
+    for name, crf in (("a", 30), ("b", 10)):
+        frames = [frame_code_image(0, i, 0, 48, 64) for i in range(6)]
+        video.encode_video(frames, tmp_path / f"{name}.mp4", 10, vcodec="h264", crf=crf)
+    a, b = (video.stream_signature(tmp_path / f"{n}.mp4") for n in "ab")
+    assert [k for k in a if a[k] != b[k]] == ["headers"]
+    with pytest.raises(ValueError, match=r"b\.mp4: cannot concatenate .* differ in codec headers"):
+        video.concat_videos([tmp_path / "a.mp4", tmp_path / "b.mp4"], tmp_path / "ab.mp4")
 
 
 @pytest.mark.parametrize(("vcodec", "gop"), [("av1", 2), ("h264", 2), ("h264", 30)])
@@ -314,6 +328,38 @@ def test_files_roll_over_at_max_frames(tmp_path: Path) -> None:
     ]
     assert len(list((root / "data").rglob("*.parquet"))) == 3
     _check_exact(LeRobotReader(root))
+
+
+def test_episode_with_other_codec_headers_starts_a_new_file(tmp_path: Path) -> None:
+    """Episodes encoded with other settings (here x264 CRF, which changes the PPS) never share a file with the
+    current one's stream: the camera's file rolls over, also on resume, and every frame decodes exactly."""
+    root, key, n = tmp_path / "ds", "observation.images.front", 8
+    features = {"observation.state": FEATURES["observation.state"], key: FEATURES[key]}
+    crfs = [30, 10, 30, 30, 10]  # -> files 0 | 1 | 2 2 | 3 (the last after a resume)
+    episodes = []
+    for e, crf in enumerate(crfs):
+        frames = {key: np.stack([frame_code_image(e, i, 0, 64, 80) for i in range(n)]),
+                  "observation.state": np.zeros((n, 6), np.float32)}  # fmt: skip
+        episodes.append(encode_episode(frames, [key], 10, vcodec="h264", crf=crf))
+        (tmp_path / f"ep{e}.mp4").write_bytes(episodes[-1].videos[key])
+    with LeRobotWriter(root, 10, features, vcodec="h264") as writer:
+        for e in range(4):
+            writer.add_encoded_episode(episodes[e], TASKS[0])
+    with LeRobotWriter(root, vcodec="h264") as writer:
+        writer.add_encoded_episode(episodes[4], TASKS[0])
+    dataset = open_dataset(root)
+    for e in range(len(crfs)):
+        got = dataset.read_images("train", e, list(range(n)), [key])[key]
+        want = video.decode_frames(tmp_path / f"ep{e}.mp4", [i / 10 for i in range(n)], 0.05)
+        assert got.tobytes() == want.tobytes(), e  # the episode's own stream, bit for bit
+        assert [decode_frame_code(im)[:2] for im in got] == [(e, i) for i in range(n)]
+    reader = LeRobotReader(root)
+    records = [reader.meta.episodes[reader.meta.splits["train"][e]].videos[key] for e in range(len(crfs))]
+    assert [path.name for path, _ in records] == ["file-000.mp4", "file-001.mp4", *["file-002.mp4"] * 2,
+                                                  "file-003.mp4"]  # fmt: skip
+    assert [start for _, start in records] == pytest.approx([0, 0, 0, n / 10, 0])
+    heads = [video.stream_signature(path)["headers"] for path, _ in records]
+    assert heads[0] == heads[2] == heads[3] != heads[1] == heads[4]
 
 
 CRASH_SCRIPT = """

@@ -236,3 +236,35 @@ def test_merge_reencodes_an_episode_it_cannot_cut(tmp_path: Path, monkeypatch) -
         for key in out.image_keys():
             diff = np.abs(got[key].astype(float) - want[key].astype(float)).mean()
             assert diff < 4 if e == 2 else diff == 0, (e, key, diff)
+
+
+def test_merge_puts_an_episode_reencoded_with_other_headers_in_its_own_file(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Sources written by another encoder build re-encode to other codec headers (simulated: the source's
+    info.json claims CRF 10, so the merge re-encodes at 10 under copied CRF-30 streams). The re-encoded episode
+    must not be appended under the copied stream's headers (it would decode to wrong pixels): it gets its own
+    file, and every frame of every episode reads back right."""
+    import vla.data.merge as merge
+    from vla.data import video
+    from vla.data.writers.synthetic import make_lerobot_dataset
+
+    src = make_lerobot_dataset(tmp_path / "src", num_episodes=3, episode_length=[9, 7, 8], vcodec="h264")
+    info = json.loads((src / "meta" / "info.json").read_text())
+    key = "observation.images.front"
+    info["features"][key]["info"]["video.crf"] = 10
+    (src / "meta" / "info.json").write_text(json.dumps(info))
+    real = merge.video.cut_video
+    monkeypatch.setattr(merge.video, "cut_video", lambda p, s, n: None if n == 7 else real(p, s, n))
+    merged = merge_datasets([src], tmp_path / "m")
+    assert (merged.copied, merged.reencoded) == (2, 1), merged
+    out, ref = open_dataset(merged.out), open_dataset(src)
+    for e in range(3):
+        n = ref.episode_length("train", e)
+        got, want = (r.read_images("train", e, list(range(n)), [key])[key].astype(float) for r in (out, ref))
+        diff = np.abs(got - want).mean()
+        assert diff < 4 if e == 1 else diff == 0, (e, diff)
+    files = sorted((merged.out / "videos" / key).rglob("*.mp4"))
+    assert [p.name for p in files] == ["file-000.mp4", "file-001.mp4", "file-002.mp4"]  # copied | re | copied
+    heads = [video.stream_signature(p)["headers"] for p in files]
+    assert heads[0] == heads[2] != heads[1]

@@ -6,7 +6,9 @@ episode was encoded on its own, so it starts on a keyframe) and appended through
 ``LeRobotWriter.add_encoded_episode`` with the image stats the source recorded for it. The frames decode
 bit-identical to the sources' and a merge costs little more than copying files. When the sources differ (or
 an episode cannot be cut: it does not start on a keyframe, or its stats are missing) frames are decoded and
-re-encoded instead; ``MergeSummary`` says which path each episode took, and why.
+re-encoded instead; ``MergeSummary`` says which path each episode took, and why. A re-encoded episode whose
+codec headers differ from the copied ones' (the sources were written by another encoder build) goes to a new
+video file, as the writer does for any episode whose stream does not match the current file's.
 """
 
 from __future__ import annotations
@@ -49,12 +51,10 @@ class MergeSummary:
 
 
 def _stream_signature(path: Path) -> dict[str, Any]:
-    """What must be equal for packets of two files to be concatenated into one stream."""
+    """What must be equal for packets of two files to be concatenated into one stream (and the same fps)."""
     with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        ctx = stream.codec_context
-        return {"codec": ctx.codec.canonical_name, "pix_fmt": ctx.pix_fmt, "size": (stream.height, stream.width),
-                "fps": stream.average_rate, "time_base": stream.time_base, "headers": bytes(ctx.extradata or b"")}  # fmt: skip
+        fps = container.streams.video[0].average_rate
+    return {**video.stream_signature(path), "fps": fps}
 
 
 def _copy_plan(readers: list[LeRobotReader], keys: list[str]) -> tuple[str | None, str]:

@@ -6,8 +6,9 @@ keyframe straight to the decoder; a decoder that is already positioned inside th
 forward, so frames of one episode requested in ascending order cost one forward pass. Decoded frames go to a
 per-process LRU (``VLA_VIDEO_CACHE_MB``, default 256) and are converted to RGB only when asked for.
 
-Encoding (``VideoEncoder``, ``encode_video``, ``concat_videos``, ``cut_video``; AV1 or H.264 with LeRobot's settings) lives in
-``vla.data.video_encode`` and is re-exported here, so ``from vla.data import video`` covers both directions.
+Encoding (``VideoEncoder``, ``encode_video``, ``concat_videos``, ``cut_video``, ``stream_signature``; AV1 or
+H.264 with LeRobot's settings) lives in ``vla.data.video_encode`` and is re-exported here, so
+``from vla.data import video`` covers both directions.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from vla.data.video_encode import (
     cut_video,
     encode_video,
     encoder_options,
+    stream_signature,
 )
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "encoder_options",
     "get_decoder",
     "probe_video",
+    "stream_signature",
 ]
 
 

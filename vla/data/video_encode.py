@@ -2,8 +2,9 @@
 
 Encoding writes uint8 ``[T, H, W, 3]`` stacks as yuv420p AV1 (SVT-AV1, LeRobot's default) or H.264 (x264)
 with LeRobot's settings (GOP 2, CRF 30); ``concat_videos`` stream-copies per-episode files into one LeRobot v3
-video file and ``cut_video`` cuts one episode back out of it, again without re-encoding. Decoding lives in
-``vla.data.video`` (which re-exports everything here).
+video file and ``cut_video`` cuts one episode back out of it, again without re-encoding. Only streams with the
+same ``stream_signature`` concatenate: an MP4 stores one set of codec headers for its whole stream. Decoding
+lives in ``vla.data.video`` (which re-exports everything here).
 """
 
 from __future__ import annotations
@@ -113,23 +114,45 @@ def encode_video(
     return encoder.num_frames
 
 
-def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[float]:
-    """Stream-copy MP4s (same codec/size/fps) into one, each starting where the previous ended.
+def _signature(stream: Any) -> dict[str, Any]:
+    ctx = stream.codec_context
+    return {"codec": ctx.codec.canonical_name, "pix_fmt": ctx.pix_fmt, "size": (stream.height, stream.width),
+            "time_base": stream.time_base, "headers": bytes(ctx.extradata or b"")}  # fmt: skip
 
-    Returns each input's start time in seconds in ``output`` (LeRobot v3 ``from_timestamp``).
+
+def stream_signature(path: str | Path) -> dict[str, Any]:
+    """What two MP4s' video streams must share for their packets to form one stream: codec, pixel format, size
+    ``(H, W)``, time base and codec headers (``extradata``: H.264 SPS/PPS, AV1 sequence header).
+
+    The container keeps one set of headers per stream, so packets encoded against other headers (another
+    encoder build, or other settings: x264's PPS holds the CRF's initial QP) decode to wrong pixels, silently.
+    """
+    with av.open(str(path)) as container:
+        return _signature(container.streams.video[0])
+
+
+def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[float]:
+    """Stream-copy MP4s with the same ``stream_signature`` into one, each starting where the previous ended.
+
+    Returns each input's start time in seconds in ``output`` (LeRobot v3 ``from_timestamp``). Raises
+    ``ValueError`` when an input's signature differs from the first's (its frames would decode wrong).
     """
     starts: list[float] = []
     with av.open(str(output), "w", options={"movflags": "faststart"}) as out:
-        out_stream, offset = None, 0  # offset in the output stream's time base
+        out_stream, offset, want = None, 0, {}  # offset in the output stream's time base
         for path in inputs:
             with av.open(str(path)) as src:
                 stream = src.streams.video[0]
                 if out_stream is None:
                     out_stream = out.add_stream_from_template(stream, opaque=True)
                     out_stream.time_base = stream.time_base
-                if stream.time_base != out_stream.time_base:
+                    want = _signature(stream)
+                got = _signature(stream)
+                if diff := [k for k in want if got[k] != want[k]]:
+                    shown = ", ".join(f"{k} {got[k]!r} vs {want[k]!r}" for k in diff if k != "headers")
                     raise ValueError(
-                        f"{path}: time base {stream.time_base} != {out_stream.time_base}; cannot concatenate"
+                        f"{path}: cannot concatenate onto {inputs[0]}: the video streams differ in "
+                        f"{shown or 'codec headers'}; put it in a new file or re-encode it with the same settings"
                     )
                 starts.append(float(offset * stream.time_base))
                 end, frame_ticks = (

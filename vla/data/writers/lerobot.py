@@ -11,7 +11,10 @@ done elsewhere: ``add_encoded_episode``) and stream-copied onto the camera's cur
 Every saved episode is committed atomically (:mod:`vla.data.writers.staging`): a crash or Ctrl-C mid-episode
 leaves a valid dataset of the finished episodes, and opening a writer on it again resumes (appends).
 Files are rewritten per episode, so besides LeRobot's size limits a file also rolls over at
-``max_frames_per_file`` frames to bound the cost of an episode commit.
+``max_frames_per_file`` frames to bound the cost of an episode commit. A camera's file also rolls over when an
+episode's stream differs from the file's in ``video.stream_signature`` (codec headers, size, ...; e.g. an
+episode encoded by another encoder build or with other settings): one MP4 stream has one set of codec headers,
+and packets appended under foreign headers would decode to wrong pixels.
 """
 
 from __future__ import annotations
@@ -392,11 +395,12 @@ class LeRobotWriter:
                     )
                 vc, vf, frames_in_file = self._videos.get(key, (0, -1, 0))
                 old = self.root / VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=max(vf, 0))
-                fits = vf >= 0 and frames_in_file + length <= self._max_frames
                 if (
-                    fits
+                    vf >= 0
+                    and frames_in_file + length <= self._max_frames
                     and (old.stat().st_size + episode_mp4.stat().st_size) / 2**20
                     < self.info["video_files_size_in_mb"]
+                    and video.stream_signature(old) == video.stream_signature(episode_mp4)
                 ):
                     from_ts = video.concat_videos([old, episode_mp4], merged)[1]
                 else:  # start a new file with this episode
