@@ -30,13 +30,20 @@ def run_child(script: str, job: dict, env_extra: dict[str, str] | None = None, t
     return _result([sys.executable, script, "_child", json.dumps(job)], env_extra, timeout)
 
 
+def _peer_python() -> Path | None:
+    py = PEER_VENV / "bin" / "python"
+    return py if py.exists() else None
+
+
+def _peer_missing() -> dict:
+    return {"skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"}
+
+
 def run_in_peer_venv(script: str, job: dict, timeout: int = 3600) -> dict:
     """Run ``script PEER_DIR JOB`` with the peer venv's python; the dict it prints after ``RESULT ``."""
-    py = PEER_VENV / "bin" / "python"
-    if not py.exists():
-        return {
-            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
-        }
+    py = _peer_python()
+    if py is None:
+        return _peer_missing()
     return _result([str(py), script, str(PEER_DIR), json.dumps(job)], None, timeout)
 
 
@@ -56,11 +63,9 @@ def _result(cmd: list[str], env_extra: dict[str, str] | None, timeout: int) -> d
 
 def run_peer(bench_args: list[str], out: Path, timeout: int = 3600) -> dict:
     """``peer_lerobot_bench.py bench ARGS --out OUT`` in the peer venv; its JSON, or why there is none."""
-    py = PEER_VENV / "bin" / "python"
-    if not py.exists():
-        return {
-            "skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"
-        }
+    py = _peer_python()
+    if py is None:
+        return _peer_missing()
     proc = subprocess.run(
         [str(py), str(PEER_DIR / "peer_lerobot_bench.py"), "bench", *bench_args, "--out", str(out)],
         capture_output=True,

@@ -255,23 +255,15 @@ def main() -> None:
                 )
         res["peer_lerobot"] = peer
         ratios = {}
-        for amp in ("fp32", "bf16"):
-            p = peer.get(f"smolvla_train_b8_{amp}", {}).get("s_per_step", {}).get("median")
-            o = res["ours"][f"train_b8_{amp}"].get("s_per_step", {}).get("median")
-            if p and o:
-                ratios[f"train_{amp}_speedup"] = p / o
-                ratios[f"train_{amp}_peak_rss_ratio_ours_over_peer"] = (
-                    res["ours"][f"train_b8_{amp}"]["peak_rss_mb"]
-                    / peer[f"smolvla_train_b8_{amp}"]["peak_rss_mb"]
-                )
-            p = peer.get(f"smolvla_infer_b1_{amp}", {}).get("s_per_chunk", {}).get("median")
-            o = res["ours"][f"infer_b1_{amp}"].get("s_per_chunk", {}).get("median")
-            if p and o:
-                ratios[f"infer_{amp}_speedup"] = p / o
-                ratios[f"infer_{amp}_peak_rss_ratio_ours_over_peer"] = (
-                    res["ours"][f"infer_b1_{amp}"]["peak_rss_mb"]
-                    / peer[f"smolvla_infer_b1_{amp}"]["peak_rss_mb"]
-                )
+        for kind, key, name in (("train_b8", "s_per_step", "train"), ("infer_b1", "s_per_chunk", "infer")):
+            for amp in ("fp32", "bf16"):
+                theirs, ours = peer.get(f"smolvla_{kind}_{amp}", {}), res["ours"][f"{kind}_{amp}"]
+                p, o = theirs.get(key, {}).get("median"), ours.get(key, {}).get("median")
+                if p and o:
+                    ratios[f"{name}_{amp}_speedup"] = p / o
+                    ratios[f"{name}_{amp}_peak_rss_ratio_ours_over_peer"] = (
+                        ours["peak_rss_mb"] / theirs["peak_rss_mb"]
+                    )
         for mode in SERVING:
             o = res["ours"][f"infer_b1_{mode}"].get("s_per_chunk", {}).get("median")
             for peer_mode in ("fp32", "bf16", "fp32_compiled", "bf16_compiled"):

@@ -215,10 +215,6 @@ class VLMBackbone(nn.Module):
         )
         return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
 
-    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 ``[N, H, W, 3]`` -> image tokens ``[N, n_tok, D]`` (resize, normalize, vision tower, projector)."""
-        return self._encode_pixels(self.pixels(images))
-
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """Normalized pixels ``[N, 3, S, S]`` -> image tokens ``[N, n_tok, D]`` (vision tower, projector)."""
         return self.projector(self.vision(pixel_values=pixels).last_hidden_state)

@@ -398,14 +398,12 @@ def _frozen_compile(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tens
     Shapes start static and a dimension that changes (the prefix length, when the prompt's token count changes)
     is recompiled once as dynamic (``dynamic=None``), so a new instruction costs one recompile, not one per length.
     """
+    import torch._inductor.config as inductor_config
+
     compiled = torch.compile(fn, dynamic=None)
 
     def run(*args: object) -> torch.Tensor:
-        import torch._inductor.config as inductor_config
-
-        with inductor_config.patch(
-            freezing=True
-        ):  # read when a graph is compiled (the first call of a shape)
+        with inductor_config.patch(freezing=True):  # read when a graph is compiled (a shape's first call)
             return compiled(*args)
 
     return run
