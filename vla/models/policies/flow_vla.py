@@ -224,10 +224,19 @@ class FlowVLA(nn.Module):
         return torch.arange(horizon, device=ids.device)[None] < self.chunk_lengths[ids][:, None]
 
     # ---- API --------------------------------------------------------------------------------------------------
-    def loss(
-        self, batch: Batch, *, generator: torch.Generator | None = None
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Masked flow-matching MSE (scalar) and metrics: ``loss`` and ``loss/<embodiment>`` per embodiment."""
+    def loss_terms(
+        self,
+        batch: Batch,
+        *,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+        time: torch.Tensor | None = None,
+    ) -> LossTerms:
+        """Per-sample flow-matching squared error and weights (see ``LossTerms``).
+
+        ``noise`` ``[B, H, A_max]`` and ``time`` ``[B]`` (flow time in [t_min, 1]) may be given, e.g. drawn per
+        sample by the trainer so a sample's loss does not depend on which process or micro-batch it lands in;
+        otherwise they are drawn from ``generator`` (or the global RNG)."""
         dev = self.embodiment_tokens.weight.device
         ids = batch.embodiment_id.to(dev)
         self._check_ids(ids)  # before any table lookup (on CUDA a bad index is a device-side assert)
@@ -239,24 +248,45 @@ class FlowVLA(nn.Module):
         step_valid = self._step_valid(ids, h)
         with self._autocast():
             prefix = self.compute_prefix(batch)
-            beta = torch.distributions.Beta(self.cfg.flow.beta_alpha, self.cfg.flow.beta_beta)
-            u01 = _rand(torch.rand, (b,), generator, dev) if generator is not None else None
-            t = _beta_sample(beta, u01, b, dev) * (1 - self.cfg.flow.t_min) + self.cfg.flow.t_min
-            noise = _rand(torch.randn, actions.shape, generator, dev) * dim_mask[:, None, :]
+            if time is None:
+                beta = torch.distributions.Beta(self.cfg.flow.beta_alpha, self.cfg.flow.beta_beta)
+                u01 = _rand(torch.rand, (b,), generator, dev) if generator is not None else None
+                t = _beta_sample(beta, u01, b, dev) * (1 - self.cfg.flow.t_min) + self.cfg.flow.t_min
+            else:
+                t = time.to(dev, torch.float32)
+            if noise is None:
+                noise = _rand(torch.randn, actions.shape, generator, dev)
+            noise = noise[:, :h, : actions.shape[-1]].to(dev, torch.float32) * dim_mask[:, None, :]
             x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
             v = self.velocity(prefix, state, ids, x_t, t, step_valid)
         weight = (
             dim_mask[:, None, :] & step_valid[:, :, None] & ~batch.action_is_pad.to(dev)[:, :, None]
         ).float()
         err = (v.float() - (noise - actions)) ** 2 * weight
-        loss = err.sum() / weight.sum().clamp(min=1)
-        metrics = {"loss": float(loss.detach())}
-        for i in ids.unique().tolist():
-            sel = ids == i
-            metrics[f"loss/{self.specs[i].name}"] = float(
-                err[sel].detach().sum() / weight[sel].sum().clamp(min=1)
-            )
-        return loss, metrics
+        return LossTerms(err=err.sum(dim=(1, 2)), weight=weight.sum(dim=(1, 2)), embodiment_id=ids)
+
+    def draw_flow_inputs(
+        self, batch_size: int, horizon: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flow time ``[B]`` (Beta, scaled into [t_min, 1]) and noise ``[B, horizon, A_max]`` from ``generator``:
+        what ``loss_terms`` draws itself when not given them."""
+        beta = torch.distributions.Beta(self.cfg.flow.beta_alpha, self.cfg.flow.beta_beta)
+        u01 = torch.rand((batch_size,), generator=generator, device=generator.device)
+        t = (
+            _beta_sample(beta, u01, batch_size, generator.device) * (1 - self.cfg.flow.t_min)
+            + self.cfg.flow.t_min
+        )
+        noise = torch.randn(
+            (batch_size, horizon, self.cfg.max_action_dim), generator=generator, device=generator.device
+        )
+        return t, noise
+
+    def loss(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Masked flow-matching MSE (scalar) and metrics: ``loss`` and ``loss/<embodiment>`` per embodiment."""
+        terms = self.loss_terms(batch, generator=generator)
+        return terms.mean(), terms.metrics(self.cfg.embodiments)
 
     @torch.no_grad()
     def sample_actions(
@@ -356,8 +386,9 @@ class FlowVLA(nn.Module):
             self._drop_compiled()
         return super().train(mode)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss(batch)
+    def forward(self, batch: Batch, **kwargs: object) -> LossTerms:
+        """``loss_terms`` (what DDP/FSDP wrappers call during training)."""
+        return self.loss_terms(batch, **kwargs)
 
     def save_pretrained(self, out_dir: str) -> object:
         """Write a Hugging Face-style checkpoint folder (see ``vla.models.hub``)."""
@@ -389,6 +420,29 @@ class FlowVLA(nn.Module):
                 "trainable": sum(p.numel() for p in params if p.requires_grad),
             }
         out["all"] = {k: sum(v[k] for v in out.values()) for k in ("total", "trainable")}
+        return out
+
+
+@dataclasses.dataclass
+class LossTerms:
+    """Per-sample pieces of the flow-matching loss: ``err`` ``[B]`` summed squared velocity error over the sample's
+    valid (step, dim) entries, ``weight`` ``[B]`` their count, ``embodiment_id`` ``[B]``. The loss is
+    ``err.sum() / weight.sum()``; a trainer can form the same mean over several processes or micro-batches."""
+
+    err: torch.Tensor
+    weight: torch.Tensor
+    embodiment_id: torch.Tensor
+
+    def mean(self) -> torch.Tensor:
+        return self.err.sum() / self.weight.sum().clamp(min=1)
+
+    def metrics(self, names: Sequence[str]) -> dict[str, float]:
+        """``loss`` and ``loss/<embodiment>`` (masked means) as floats."""
+        err, weight = self.err.detach(), self.weight.detach()
+        out = {"loss": float(err.sum() / weight.sum().clamp(min=1))}
+        for i in self.embodiment_id.unique().tolist():
+            sel = self.embodiment_id == i
+            out[f"loss/{names[i]}"] = float(err[sel].sum() / weight[sel].sum().clamp(min=1))
         return out
 
 
