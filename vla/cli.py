@@ -172,6 +172,25 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_predict(args: argparse.Namespace) -> int:
+    from vla.predict import format_prediction, predict_frame
+
+    out = predict_frame(
+        args.checkpoint,
+        args.dataset,
+        episode=args.episode,
+        frame=args.frame,
+        split=args.split,
+        seed=args.seed,
+        num_steps=args.num_steps,
+    )
+    if args.json:
+        _print_json(out)
+    else:
+        print(format_prediction(out))
+    return 0
+
+
 def cmd_data_merge(args: argparse.Namespace) -> int:
     from vla.data.merge import merge_datasets
 
@@ -338,6 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.set_defaults(fn=cmd_model_info)
+
+    s = model.add_parser(
+        "predict", help="a checkpoint's action chunk on one dataset frame, next to the recorded actions"
+    )
+    s.add_argument("checkpoint", help="checkpoint folder, run folder (its newest complete step) or step folder")
+    s.add_argument("dataset")
+    s.add_argument("--split", default=None)
+    s.add_argument("--episode", type=int, required=True)
+    s.add_argument("--frame", type=int, required=True, help="raw frame index within the episode")
+    s.add_argument("--seed", type=int, default=0, help="seed of the flow's noise (same seed, same chunk)")
+    s.add_argument("--num-steps", type=int, default=None, help="flow steps (default: the checkpoint's)")
+    s.add_argument("--json", action="store_true", help="one JSON object on one line")
+    s.set_defaults(fn=cmd_model_predict)
 
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
     s.add_argument("--workdir", default="outputs/demo")

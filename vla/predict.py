@@ -1,0 +1,250 @@
+"""``vla model predict``: one checkpoint's action chunk on one stored frame, next to the actions the dataset recorded.
+
+The sample goes through the training loader's own code (``build_source`` -> ``WindowDataset`` -> ``collate``)
+with the *checkpoint's* preprocessing (image size, chunk length, observation history) and the *checkpoint's*
+normalization stats (``model.norm_stats``), never the dataset's: this is the offline check that a trained model
+does what its training data did (an offline replay error), and the place where a stats or preprocessing mismatch
+between training and serving shows up first.
+
+``predict_frame(...)`` returns the JSON contract of ``vla model predict --json``:
+
+* ``actions``   ``[H, A]`` predicted chunk in the robot's units (unnormalized with the checkpoint's stats)
+* ``recorded``  ``[H, A]`` the dataset's (standardized) actions of the same window; a row past the episode end
+  (or past a gap the key map left) is ``null``, and ``recorded_is_pad`` ``[H]`` says which
+* ``error``     ``{"per_dim": [A] mean absolute error over valid steps, "overall": mean over dims and valid steps,
+  "valid_steps": n}`` (``null`` values when no step is valid)
+* ``embodiment``, ``action_names`` ``[A]``, plus where it came from (checkpoint, dataset, split, episode, frame,
+  prompt, seed, num_steps).
+
+The flow's noise comes from a ``torch.Generator`` seeded with ``seed``: same seed, same chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from vla.config import DataConfig
+    from vla.data.windows import Source
+    from vla.models.policies.flow_vla import FlowVLA
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What the loader needs from the checkpoint to build a sample exactly as in training."""
+
+    image_size: int
+    chunk_length: int
+    obs_history: int
+
+
+def checkpoint_preprocessing(model: FlowVLA, embodiment: str) -> Preprocessing:
+    """The checkpoint's preprocessing for ``embodiment``: ``model.preprocessing`` (saved with the weights) when
+    the checkpoint has it, else the model config's backbone image size and the embodiment's chunk length."""
+    saved: dict[str, Any] = getattr(model, "preprocessing", None) or {}
+    # The chunk the model predicts for this embodiment: min(spec.chunk_length, model.chunk_length).
+    horizon = int(model.chunk_lengths[model.embodiment_ids[embodiment]])
+    return Preprocessing(
+        image_size=int(saved.get("image_size") or model.backbone.image_size),
+        chunk_length=min(int(saved.get("chunk_length") or horizon), horizon),
+        obs_history=int(saved.get("obs_history") or 1),
+    )
+
+
+def predict_frame(
+    checkpoint: str | Path,
+    dataset: str | Path,
+    *,
+    episode: int,
+    frame: int,
+    split: str | None = None,
+    seed: int = 0,
+    num_steps: int | None = None,
+) -> dict[str, Any]:
+    """Predict the action chunk at raw frame ``frame`` of ``episode`` and compare it with the recorded actions."""
+    from vla.data.readers import open_dataset
+    from vla.models.hub import from_pretrained
+    from vla.models.run_dir import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    model = from_pretrained(ckpt).eval()
+    reader = open_dataset(dataset)
+    split = _check_split(reader, split)
+    _check_episode_frame(reader, split, episode, frame)
+    source = _source(reader, split)
+    embodiment = source.keymap.embodiment
+    _check_model_covers(model, ckpt, embodiment, reader.path)
+    pre = checkpoint_preprocessing(model, embodiment)
+    cfg = _data_config(reader.path, split, pre)
+    sample, recorded, is_pad = _window(model, source, cfg, episode, frame)
+
+    from vla.data.collate import collate
+    from vla.data.normalize import Unnormalizer
+
+    batch = collate([sample], model.embodiment_ids)
+    spec = model.spec(embodiment)
+    generator = torch.Generator().manual_seed(seed)
+    normalized = model.sample_actions(batch, num_steps=num_steps, generator=generator)  # [1, H_max, A_max]
+    chunk = normalized[0, : pre.chunk_length, : spec.action_dim].double().numpy()  # [H, A]
+    actions = Unnormalizer.from_spec(model.norm_stats, spec, "action")(chunk)
+    return {
+        "checkpoint": str(ckpt),
+        "dataset": str(reader.path),
+        "split": split,
+        "episode": episode,
+        "frame": frame,
+        "embodiment": embodiment,
+        "prompt": sample["prompt"],
+        "seed": seed,
+        "num_steps": num_steps or model.cfg.flow.num_steps,
+        "action_names": spec.action_names(),
+        "actions": actions.tolist(),
+        "recorded": [None if pad else row.tolist() for row, pad in zip(recorded, is_pad)],
+        "recorded_is_pad": is_pad.tolist(),
+        "error": _errors(actions, recorded, is_pad),
+    }
+
+
+# ---- steps -----------------------------------------------------------------------------------------------------
+def _check_split(reader: Any, split: str | None) -> str:
+    splits = reader.splits()
+    split = split or ("train" if "train" in splits else splits[0])
+    if split not in splits:
+        raise ValueError(f"{reader.path}: no split {split!r}; available: {splits} (pass --split)")
+    return split
+
+
+def _check_episode_frame(reader: Any, split: str, episode: int, frame: int) -> None:
+    n = reader.num_episodes(split)
+    if not 0 <= episode < n:
+        raise IndexError(
+            f"{reader.path}: --episode {episode} out of range; split {split!r} has {n} episodes (0..{n - 1})"
+        )
+    length = reader.episode_length(split, episode)
+    if not 0 <= frame < length:
+        raise IndexError(
+            f"{reader.path}: --frame {frame} out of range; {split} episode {episode} has {length} frames "
+            f"(0..{length - 1})"
+        )
+
+
+def _source(reader: Any, split: str) -> Source:
+    from vla.data.windows import build_source
+
+    return build_source(reader, split)
+
+
+def _check_model_covers(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:
+    """The model must have a slot and normalization stats for the dataset's embodiment."""
+    from vla.data.norm_stats import StatsError
+
+    if embodiment not in model.embodiment_ids:
+        raise ValueError(
+            f"{dataset} is embodiment {embodiment!r}, but checkpoint {ckpt} has embodiments "
+            f"{sorted(model.embodiment_ids)}. Fine-tune it on this dataset first ('vla finetune {ckpt} {dataset}' "
+            "adds the embodiment), or pass a dataset of one of its embodiments."
+        )
+    if model.norm_stats is None:
+        raise ValueError(
+            f"checkpoint {ckpt} has no normalization stats (no norm_stats.json), so its outputs cannot be turned "
+            f"into {embodiment!r} units. Run 'vla data stats {dataset}' and write the checkpoint with them "
+            f"('vla model init <config> --embodiment {embodiment} --stats-from {dataset}'; 'vla train' saves them "
+            "itself)."
+        )
+    for field in ("state", "action"):
+        try:
+            model.norm_stats.get(embodiment, field)
+        except StatsError:
+            raise ValueError(
+                f"checkpoint {ckpt}: its norm_stats.json has no stats for '{embodiment}/{field}' (it has "
+                f"{sorted(model.norm_stats.stats)}). Run 'vla data stats {dataset}' and write the checkpoint "
+                f"with them ('vla model init <config> --embodiment {embodiment} --stats-from {dataset}'), or "
+                "fine-tune it on this dataset ('vla finetune'), which saves the stats it trained with."
+            ) from None
+
+
+def _data_config(path: Path, split: str, pre: Preprocessing) -> DataConfig:
+    from vla.config import DataConfig
+
+    return DataConfig(
+        datasets=(str(path),),
+        split=split,
+        chunk_length=pre.chunk_length,
+        image_size=pre.image_size,
+        obs_history=pre.obs_history,
+        batch_size=1,
+        shuffle=False,
+    )
+
+
+def _window(
+    model: FlowVLA, source: Source, cfg: DataConfig, episode: int, frame: int
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """The normalized sample at raw ``frame`` (what the model sees) and the same window's recorded actions
+    ``[H, A]`` in the dataset's units with its padding mask ``[H]``, both through ``WindowDataset``."""
+    from vla.data.normalize import make_normalize_fn
+    from vla.data.windows import WindowDataset
+
+    embodiment = source.keymap.embodiment
+    normalize = make_normalize_fn(model.norm_stats, {embodiment: model.spec(embodiment)})
+    normalized = WindowDataset([source], cfg, normalize=normalize, train=False)
+    raw = WindowDataset([source], cfg, normalize=None, train=False)
+    std = raw.episode(0, episode)
+    kept = np.flatnonzero(std.frames == frame)
+    if len(kept) == 0:
+        reason = std.metadata.get("drop_reasons", {}).get(frame, "dropped by standardization")
+        first = f"; kept frames run {int(std.frames[0])}..{int(std.frames[-1])}" if len(std.frames) else ""
+        raise IndexError(
+            f"{source.reader.path}: {source.split} episode {episode} frame {frame} is not a training sample "
+            f"({reason}){first}; pick another --frame"
+        )
+    index = int(source.lengths[:episode].sum()) + int(kept[0])
+    window = raw[index]
+    return normalized[index], window["actions"].astype(np.float64), np.asarray(window["action_is_pad"])
+
+
+def _errors(actions: np.ndarray, recorded: np.ndarray, is_pad: np.ndarray) -> dict[str, Any]:
+    """Per-dim and overall mean absolute error over the window's valid (non-padded) steps."""
+    valid = ~is_pad
+    if not valid.any():
+        return {"per_dim": [None] * actions.shape[1], "overall": None, "valid_steps": 0}
+    err = np.abs(actions[valid] - recorded[valid])  # [n_valid, A]
+    return {
+        "per_dim": [_finite(v) for v in err.mean(axis=0)],
+        "overall": _finite(err.mean()),
+        "valid_steps": int(valid.sum()),
+    }
+
+
+def _finite(x: float) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def format_prediction(out: dict[str, Any]) -> str:
+    """The human-readable view of ``predict_frame``'s result: predicted and recorded chunks side by side."""
+    names = out["action_names"]
+    width = max(9, *(len(n) + 1 for n in names))
+    head = "".join(f"{n:>{width}}" for n in names)
+    lines = [
+        f"{out['checkpoint']} on {out['dataset']} ({out['split']} episode {out['episode']} frame {out['frame']})",
+        f"embodiment {out['embodiment']}, prompt {out['prompt']!r}, seed {out['seed']}, "
+        f"{out['num_steps']} flow steps",
+        f"{'step':<6}{'':<10}{head}",
+    ]
+    for t, (pred, rec) in enumerate(zip(out["actions"], out["recorded"])):
+        lines.append(f"{t:<6}{'predicted':<10}" + "".join(f"{v:>{width}.4f}" for v in pred))
+        rec_text = "".join(f"{v:>{width}.4f}" for v in rec) if rec is not None else "  (past episode end)"
+        lines.append(f"{'':<6}{'recorded':<10}" + rec_text)
+    err = out["error"]
+    per_dim = "".join(f"{v:>{width}.4f}" if v is not None else f"{'-':>{width}}" for v in err["per_dim"])
+    lines.append(f"{'MAE':<16}{per_dim}")
+    overall = f"{err['overall']:.4f}" if err["overall"] is not None else "-"
+    lines.append(f"overall MAE {overall} over {err['valid_steps']} valid step(s)")
+    return "\n".join(lines)
