@@ -6,6 +6,7 @@
     vla data validate PATH                              every problem in one pass; exit 1 if any
     vla data convert SRC DST --to lerobot               any readable dataset -> LeRobot v3.0
     vla data preview PATH --episode E --out FILE.mp4|.gif
+    vla train PRESET_OR_YAML --run-dir DIR [--set k=v]  train or resume (torchrun / accelerate launch for many)
     vla demo                                            the end-to-end tour on embedded defaults
 
 Errors in user input print one line naming what, where and the fix (exit 2); ``VLA_DEBUG=1`` shows tracebacks.
@@ -231,6 +232,22 @@ def cmd_sim_preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from vla.train.config import load_train_config
+    from vla.train.trainer import train
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    cfg = load_train_config(args.config, args.overrides)
+    result = train(cfg, args.run_dir)
+    if result.last_checkpoint is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"done: step {result.step}, checkpoint {result.last_checkpoint}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from vla.demo import run_demo
 
@@ -361,7 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = model.add_parser(
         "predict", help="a checkpoint's action chunk on one dataset frame, next to the recorded actions"
     )
-    s.add_argument("checkpoint", help="checkpoint folder, run folder (its newest complete step) or step folder")
+    s.add_argument(
+        "checkpoint", help="checkpoint folder, run folder (its newest complete step) or step folder"
+    )
     s.add_argument("dataset")
     s.add_argument("--split", default=None)
     s.add_argument("--episode", type=int, required=True)
@@ -370,6 +389,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-steps", type=int, default=None, help="flow steps (default: the checkpoint's)")
     s.add_argument("--json", action="store_true", help="one JSON object on one line")
     s.set_defaults(fn=cmd_model_predict)
+
+    s = sub.add_parser(
+        "train",
+        help="train (or resume) a VLA: vla train PRESET_OR_YAML --run-dir DIR [--set key=value ...]",
+        description="Train a VLA from a TrainConfig preset (configs/train/) or YAML file. Re-running with an "
+        "existing --run-dir resumes from its newest complete checkpoint. Launch on several processes with "
+        "`torchrun --nproc-per-node N -m vla.cli train ...` or `accelerate launch --config_file "
+        "configs/accelerate/<name>.yaml -m vla.cli train ...`.",
+    )
+    s.add_argument(
+        "config", help="preset name under configs/train/ (debug, sim_pretrain, ...) or a YAML file"
+    )
+    s.add_argument("--run-dir", required=True, help="run folder: checkpoints/, metrics.jsonl, config.yaml")
+    s.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, repeatable (e.g. --set train.steps=100 --set data.datasets=[data/x])",
+    )
+    s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
     s.add_argument("--workdir", default="outputs/demo")

@@ -1,0 +1,188 @@
+"""Training checkpoints: ``<run-dir>/checkpoints/step-XXXXXXX/``, crash-safe and resumable on any world size.
+
+A step folder is a ``from_pretrained`` folder at its top level (config.json, model.safetensors — EMA weights when
+EMA is on —, backbone/, embodiments/, norm_stats.json, preprocessing.json, README.md) plus ``train_state/``:
+
+    train_state/dcp/            model (raw weights), optimizer and EMA state (torch.distributed.checkpoint:
+                                sharded under FSDP2, reshardable on load, so a run resumes on another world size)
+    train_state/rank<R>.json    rank R's loader position (epoch, batches consumed, mixture stream)
+    train_state/rng<R>.pt       rank R's Python / NumPy / torch (and CUDA) RNG states
+    train_state/trainer.json    step, samples seen, world size, global batch, scheduler state
+    train_state/config.yaml     the resolved TrainConfig
+    COMPLETE                    written last
+
+Write protocol: everything goes into a hidden ``.step-XXXXXXX.partial`` folder; the COMPLETE marker is written and
+fsync'ed last, then one ``rename`` publishes the folder. A SIGKILL at any moment therefore leaves either the
+previous checkpoints untouched or a hidden partial folder, which the next save or start-up removes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+
+from vla.models.run_dir import CHECKPOINTS, COMPLETE, complete_steps, step_dir_name, step_of
+
+log = logging.getLogger(__name__)
+
+TRAIN_STATE = "train_state"
+#: seconds to stall before publishing a checkpoint (tests kill the writer inside this window)
+STALL_ENV = "VLA_TEST_CHECKPOINT_STALL"
+STALL_STEP_ENV = "VLA_TEST_CHECKPOINT_STALL_STEP"
+
+
+def partial_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f".{step_dir_name(step)}.partial"
+
+
+def clean_partials(run_dir: Path) -> list[Path]:
+    """Remove hidden folders left by interrupted writes or deletions (``.step-*.partial``, ``.step-*.deleting``)."""
+    root = run_dir / CHECKPOINTS
+    removed = []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(".step-") and (p.name.endswith(".partial") or p.name.endswith(".deleting")):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    if removed:
+        log.warning("removed %d unfinished checkpoint folder(s) left by an interrupted run", len(removed))
+    return removed
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root`` and every folder (so names and contents are durable before the rename)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_train_state(
+    folder: Path,
+    *,
+    rank: int,
+    app_state: dict[str, Any],
+    loader_state: dict[str, Any],
+) -> None:
+    """Collective: every rank writes its DCP shard of ``app_state`` (model/optimizer/EMA state dicts) and its own
+    loader position and RNG states into ``folder/train_state``."""
+    ts = folder / TRAIN_STATE
+    ts.mkdir(parents=True, exist_ok=True)
+    dcp.save(app_state, checkpoint_id=str(ts / "dcp"))
+    (ts / f"rank{rank}.json").write_text(json.dumps(loader_state))
+    torch.save(rng_state(), ts / f"rng{rank}.pt")
+
+
+def write_trainer_meta(folder: Path, meta: dict[str, Any], config: dict[str, Any]) -> None:
+    ts = folder / TRAIN_STATE
+    ts.mkdir(parents=True, exist_ok=True)
+    (ts / "trainer.json").write_text(json.dumps(meta, indent=2))
+    (ts / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def publish(run_dir: Path, step: int) -> Path:
+    """Rank 0, after every rank has written: COMPLETE last (fsync'ed), then one rename makes the step visible."""
+    tmp = partial_dir(run_dir, step)
+    stall = float(os.environ.get(STALL_ENV, "0") or 0)
+    if stall and int(os.environ.get(STALL_STEP_ENV, step)) == step:
+        log.warning("test hook %s: stalling %.1f s before publishing step %d", STALL_ENV, stall, step)
+        time.sleep(stall)
+    fsync_tree(tmp)
+    marker = tmp / COMPLETE
+    marker.write_text(json.dumps({"step": step, "time": time.time()}))
+    fd = os.open(marker, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    final = run_dir / CHECKPOINTS / step_dir_name(step)
+    if final.exists():  # the same step written again (a resumed run that re-reached it): replace it whole
+        aside = final.with_name(f".{final.name}.deleting")
+        os.replace(final, aside)
+        os.replace(tmp, final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return final
+
+
+def prune(run_dir: Path, keep_last: int, keep_every: int) -> list[Path]:
+    """Delete complete checkpoints beyond the newest ``keep_last`` (keeping multiples of ``keep_every``). Each is
+    renamed to a hidden folder first, so a kill mid-deletion never leaves a half-deleted folder that looks
+    complete."""
+    steps = complete_steps(run_dir)
+    doomed = [p for p in steps[:-keep_last] if not (keep_every and step_of(p) % keep_every == 0)]
+    for p in doomed:
+        aside = p.with_name(f".{p.name}.deleting")
+        os.replace(p, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    return doomed
+
+
+def load_train_state(folder: Path, app_state: dict[str, Any]) -> None:
+    """Collective: fill ``app_state``'s tensors in place from the checkpoint's DCP folder (resharded as needed)."""
+    dcp.load(app_state, checkpoint_id=str(folder / TRAIN_STATE / "dcp"))
+
+
+def read_trainer_meta(folder: Path) -> dict[str, Any]:
+    path = folder / TRAIN_STATE / "trainer.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder}: no {TRAIN_STATE}/trainer.json, so this is a model folder, not a training checkpoint to "
+            "resume; start a new run (or fine-tune from it)"
+        )
+    return json.loads(path.read_text())
+
+
+def read_rank_state(folder: Path, rank: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(loader state, RNG state) that ``rank`` saved, or None where that rank did not exist then."""
+    ts = folder / TRAIN_STATE
+    loader = ts / f"rank{rank}.json"
+    rng = ts / f"rng{rank}.pt"
+    return (
+        json.loads(loader.read_text()) if loader.is_file() else None,
+        torch.load(rng, weights_only=False) if rng.is_file() else None,
+    )

@@ -1,0 +1,301 @@
+"""``TrainConfig``: everything ``vla train`` needs, as one frozen, validated dataclass tree.
+
+Loaded from a preset under ``configs/train/`` (or a YAML path) plus dotted ``--set key=value`` overrides::
+
+    load_train_config("debug", ["data.datasets=[data/sim_panda_reach]", "train.steps=50"])
+
+``model`` and ``data`` may each be a preset *name* (``model: tiny_smolvlm`` -> ``configs/model/tiny_smolvlm.yaml``,
+``data: droid`` -> ``configs/data/droid.yaml``) or a nested mapping; ``--set model=bench_smolvla`` swaps the
+preset and later ``--set model.chunk_length=4`` edits it. Where the data config leaves ``image_size`` or
+``chunk_length`` unset they follow the model's (one source of truth for preprocessing).
+
+``data.batch_size`` is per process and micro-step: the global batch is
+``data.batch_size x world_size x train.grad_accum``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vla.config import (
+    ConfigError,
+    DataConfig,
+    _check_keys,
+    _merge,
+    _require,
+    config_to_dict,
+    load_config,
+    parse_overrides,
+    resolve_preset,
+)
+from vla.models.config import ModelConfig
+
+PRECISIONS = ("fp32", "bf16")
+STRATEGIES = ("auto", "single", "ddp", "fsdp2")
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The loop: ``steps`` optimizer steps in total, a checkpoint every ``save_every`` steps (and at the end), the
+    newest ``keep_last`` kept, ``grad_accum`` micro-batches per step, ``precision`` of the forward/backward
+    (``bf16`` = bf16 autocast, weights and optimizer state stay float32), gradient-norm clipping (0 = off),
+    validation loss on ``val_split`` every ``val_every`` steps (0 = off) over ``val_batches`` batches."""
+
+    steps: int = 1000
+    save_every: int = 500
+    keep_last: int = 2
+    seed: int = 0
+    grad_accum: int = 1
+    precision: str = "fp32"
+    grad_clip: float = 1.0
+    val_every: int = 0
+    val_batches: int = 4
+    val_split: str = "val"
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")
+        _require(self.save_every >= 1, f"train.save_every must be >= 1, got {self.save_every}")
+        _require(self.keep_last >= 1, f"train.keep_last must be >= 1, got {self.keep_last}")
+        _require(self.grad_accum >= 1, f"train.grad_accum must be >= 1, got {self.grad_accum}")
+        _require(
+            self.precision in PRECISIONS,
+            f"train.precision must be one of {PRECISIONS}, got {self.precision!r}",
+        )
+        _require(self.grad_clip >= 0, f"train.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        _require(self.val_every >= 0, f"train.val_every must be >= 0 (0 = off), got {self.val_every}")
+        _require(self.val_batches >= 1, f"train.val_batches must be >= 1, got {self.val_batches}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW (torch's fused kernel where the device has one) with linear warmup then cosine decay to
+    ``min_lr_ratio x lr``. ``backbone_lr`` / ``expert_lr`` / ``heads_lr`` (heads and embodiment tokens) default to
+    ``lr``. No weight decay on biases, norms and embeddings."""
+
+    lr: float = 1e-4
+    backbone_lr: float | None = None
+    expert_lr: float | None = None
+    heads_lr: float | None = None
+    weight_decay: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    fused: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "backbone_lr", "expert_lr", "heads_lr"):
+            v = getattr(self, name)
+            _require(v is None or v >= 0, f"optim.{name} must be >= 0, got {v}")
+        _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            f"optim.betas must be two numbers in [0, 1), got {self.betas}",
+        )
+        _require(self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(
+            self.schedule in SCHEDULES, f"optim.schedule must be one of {SCHEDULES}, got {self.schedule!r}"
+        )
+        _require(
+            0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Besides the newest ``train.keep_last`` checkpoints, keep every ``keep_every``-th step (0 = none)."""
+
+    keep_every: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.keep_every >= 0, f"checkpoint.keep_every must be >= 0, got {self.keep_every}")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Rank 0 logs every ``every`` steps: a progress line on the console, ``metrics.jsonl`` in the run folder
+    (always), and Weights & Biases when ``wandb`` is true (offline unless you are logged in)."""
+
+    every: int = 10
+    wandb: bool = False
+    wandb_project: str = "vla"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 1, f"logging.every must be >= 1, got {self.every}")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How the model is spread over processes. ``auto``: FSDP2 when launched with an accelerate FSDP config, DDP
+    when several processes, else single. ``find_unused_parameters`` is off: every trainable parameter gets a
+    gradient."""
+
+    strategy: str = "auto"
+    backend: str | None = None  # None = nccl on CUDA, gloo on CPU
+
+    def __post_init__(self) -> None:
+        _require(
+            self.strategy in STRATEGIES,
+            f"distributed.strategy must be one of {STRATEGIES}, got {self.strategy!r}",
+        )
+
+
+@dataclass(frozen=True)
+class EMAConfig:
+    """Exponential moving average of the trainable weights (0 = off). With EMA on, a checkpoint's top-level model
+    (what serving and fine-tuning load) holds the EMA weights; the raw weights live in ``train_state/``."""
+
+    decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.decay < 1, f"ema.decay must be in [0, 1) (0 = off), got {self.decay}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training (or fine-tuning) run."""
+
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+
+
+#: keys whose change makes a checkpoint unusable for this run (checked on resume); everything else is compatible
+INCOMPATIBLE = (
+    "model",
+    "data.datasets",
+    "data.mixture",
+    "data.data_root",
+    "data.balance_by_size",
+    "data.split",
+    "data.obs_history",
+    "data.chunk_length",
+    "data.image_size",
+    "data.standardize",
+    "data.seed",
+    "data.shuffle",
+    "data.normalize",
+    "data.stats_path",
+    "train.seed",
+    "train.grad_accum",
+    "optim.betas",
+)
+
+
+def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
+    """A ``model``/``data`` value as a mapping: a preset name is replaced by its YAML, and a mapping with a
+    ``preset`` key is that preset with the mapping's other keys merged over it."""
+    if isinstance(value, str):
+        value = {"preset": value}
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a preset name or a mapping, got {type(value).__name__}")
+    value = dict(value)
+    preset = value.pop("preset", None)
+    if preset is None:
+        return value
+    path = resolve_preset(kind, preset)
+    loaded = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return _merge(loaded, value)
+
+
+def _read_preset(preset: str | Path | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(preset, dict):
+        return dict(preset)
+    if preset is None:
+        return {}
+    path = resolve_preset("train", preset)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_train_config(
+    preset: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None
+) -> TrainConfig:
+    """A ``TrainConfig`` from a preset name under ``configs/train/``, a YAML path or a dict, plus dotted overrides
+    (``model=NAME`` / ``data=NAME`` swap a whole section's preset before the other overrides apply)."""
+    raw = _read_preset(preset)
+    swaps = [o for o in overrides or [] if o.split("=", 1)[0].lstrip("-") in ("model", "data")]
+    rest = [o for o in overrides or [] if o not in swaps]
+    for item in swaps:
+        key, value = item.lstrip("-").split("=", 1)
+        raw[key] = value
+    raw["model"] = _section("model", raw.get("model"), "model")
+    raw["data"] = _section("data", raw.get("data"), "data")
+    raw = _merge(raw, parse_overrides(rest))
+    _check_keys(TrainConfig, raw)
+    _fill_from_model(raw)
+    model = load_config(ModelConfig, raw.pop("model"), kind="model")
+    data = load_config(DataConfig, raw.pop("data"), kind="data")
+    if 0 < data.chunk_length < model.chunk_length:
+        raise ConfigError(
+            f"data.chunk_length={data.chunk_length} is shorter than model.chunk_length={model.chunk_length}: the "
+            "model would serve action steps it never trained on. Set data.chunk_length to "
+            f"{model.chunk_length} (or 0 = each embodiment's default), or model.chunk_length={data.chunk_length}"
+        )
+    return load_config(TrainConfig, {**raw, "model": config_to_dict(model), "data": config_to_dict(data)})
+
+
+def _fill_from_model(raw: dict[str, Any]) -> None:
+    """``data.image_size`` / ``data.chunk_length`` follow the model when the data config leaves them unset."""
+    model, data = raw["model"], raw["data"]
+    size = (model.get("backbone") or {}).get("image_size")
+    if "image_size" not in data and size:
+        data["image_size"] = size
+    if "chunk_length" not in data:
+        data["chunk_length"] = model.get("chunk_length", ModelConfig.chunk_length)
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The plain-dict form stored in run folders and checkpoints (``config.yaml``)."""
+    return config_to_dict(cfg)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(incompatible, compatible) changes between two ``config_dict``s, each as ``key: old -> new``."""
+    a, b = _flatten(old), _flatten(new)
+    bad, ok = [], []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) == b.get(key):
+            continue
+        line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
+        if any(key == p or key.startswith(p + ".") for p in INCOMPATIBLE):
+            bad.append(line)
+        else:
+            ok.append(line)
+    return bad, ok
+
+
+def replace(cfg: TrainConfig, **sections: Any) -> TrainConfig:
+    """``cfg`` with whole sections replaced (``replace(cfg, model=new_model_cfg)``)."""
+    return dataclasses.replace(cfg, **sections)

@@ -1,0 +1,162 @@
+"""Processes, devices and how the model is spread over them (single, DDP, FSDP2), behind one small interface the
+loop uses. accelerate sets up the process group and device (``torchrun`` or ``accelerate launch`` environments,
+one or many nodes) and wraps DDP; FSDP2 shards every decoder layer with ``fully_shard``
+(``vla.models.sharding.apply_fsdp2``)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vla.train.config import DistributedConfig
+
+
+@dataclasses.dataclass
+class Runtime:
+    """This process's place in the run: ``rank`` of ``world_size``, its ``device`` and the ``strategy``."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    strategy: str
+    accelerator: Any
+
+    @classmethod
+    def start(cls, cfg: DistributedConfig) -> Runtime:
+        import os
+
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedType
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1 and not dist.is_initialized():
+            backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend)
+        acc = Accelerator(cpu=not torch.cuda.is_available())
+        strategy = cfg.strategy
+        if strategy == "auto":
+            if acc.distributed_type == DistributedType.FSDP:
+                strategy = "fsdp2"
+            else:
+                strategy = "ddp" if acc.num_processes > 1 else "single"
+        if strategy == "ddp" and acc.num_processes == 1:
+            strategy = "single"
+        return cls(acc.process_index, acc.num_processes, acc.device, strategy, acc)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        self.barrier()
+
+    # ---- the model ----------------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module, precision: str) -> nn.Module:
+        """The module the loop calls: the model itself, its DDP wrapper, or the model sharded in place."""
+        model.to(self.device)
+        if self.strategy == "ddp":
+            return self.accelerator.prepare_model(model)
+        if self.strategy == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            from vla.models.sharding import apply_fsdp2
+
+            mp = (
+                MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                if (precision == "bf16" and self.device.type == "cuda")
+                else None
+            )
+            apply_fsdp2(model, mp_policy=mp)
+        return model
+
+    def autocast(self, precision: str) -> contextlib.AbstractContextManager:
+        if precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def no_sync(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+        """Gradient all-reduce only on the last micro-batch of an optimizer step."""
+        if sync or self.world_size == 1:
+            return _set_fsdp_sync(model, True) if self.strategy == "fsdp2" else contextlib.nullcontext()
+        if self.strategy == "ddp":
+            return model.no_sync()
+        if self.strategy == "fsdp2":
+            return _set_fsdp_sync(model, False)
+        return contextlib.nullcontext()
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return t
+        backend_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        x = t.detach().to(backend_device).clone()
+        dist.all_reduce(x)
+        return x.to(t.device)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        """Total gradient norm before clipping (``max_norm`` 0 = measure only)."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def memory_stats(self) -> dict[str, float]:
+        if self.device.type == "cuda":
+            return {"gpu_peak_mb": round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)}
+        return {}
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def state_dicts(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """Model (trainable parameters only) and optimizer state dicts, sharded under FSDP2, for DCP."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        return get_state_dict(wrapped, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+
+    def load_state_dicts(
+        self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, msd: dict, osd: dict
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(
+            wrapped,
+            optimizer,
+            model_state_dict=msd,
+            optim_state_dict=osd,
+            options=StateDictOptions(ignore_frozen_params=True, strict=False),
+        )
+
+    def save_model_folder(self, model: nn.Module, wrapped: nn.Module, out: Path) -> None:
+        """Collective: rank 0 writes ``out`` as a ``from_pretrained`` folder with one consolidated
+        model.safetensors (under FSDP2 the full weights are gathered to rank 0's CPU first)."""
+        from vla.models.hub import save_pretrained
+
+        if self.strategy == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(
+                wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            if self.is_main:
+                save_pretrained(model, out, state_dict=full)
+            return
+        if self.is_main:
+            save_pretrained(model, out)
+
+
+@contextlib.contextmanager
+def _set_fsdp_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    model.set_requires_gradient_sync(sync)
+    yield

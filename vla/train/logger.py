@@ -1,0 +1,136 @@
+"""What rank 0 reports while training: a progress line (tqdm on a terminal, plain lines otherwise), one JSON object
+per logged step in ``<run-dir>/metrics.jsonl`` (always), and Weights & Biases when asked (offline unless logged
+in; the run config and norm stats as artifacts)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from vla.train.config import LoggingConfig
+
+log = logging.getLogger(__name__)
+
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class MetricsLogger:
+    """Rank 0's sink for step metrics. On other ranks every method is a no-op."""
+
+    def __init__(
+        self,
+        cfg: LoggingConfig,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        total_steps: int,
+        start_step: int,
+        config: dict[str, Any],
+    ) -> None:
+        self.cfg, self.enabled, self.total = cfg, enabled, total_steps
+        self.start_step, self.t0 = start_step, time.perf_counter()
+        self._file = None
+        self._bar = None
+        self._wandb = None
+        if not enabled:
+            return
+        self._file = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        if cfg.progress and sys.stderr.isatty():
+            self._bar = tqdm(
+                total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
+            )
+        if cfg.wandb:
+            self._wandb = _init_wandb(cfg, run_dir, config)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "time": round(time.perf_counter() - self.t0, 3), **metrics}
+        self._file.write(json.dumps(row) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if isinstance(v, int | float)}, step=step)
+        done = step - self.start_step
+        rate = done / max(row["time"], 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else 0.0
+        summary = {
+            "loss": f"{metrics.get('loss', float('nan')):.4f}",
+            "lr": f"{metrics.get('lr', 0.0):.2e}",
+            "samples/s": f"{metrics.get('samples_per_s', 0.0):.1f}",
+            "wait": f"{100 * metrics.get('data_wait_frac', 0.0):.0f}%",
+        }
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_postfix(summary, refresh=True)
+        elif self.cfg.progress:
+            parts = " ".join(f"{k} {v}" for k, v in summary.items())
+            print(f"step {step}/{self.total} {parts} eta {_fmt_eta(eta)}", flush=True)
+
+    def event(self, step: int, message: str, **fields: Any) -> None:
+        """A one-off line (checkpoint written, validation loss) on the console and in metrics.jsonl."""
+        if not self.enabled:
+            return
+        self._file.write(json.dumps({"step": step, "event": message, **fields}) + "\n")
+        if self._wandb is not None and fields:
+            self._wandb.log({k: v for k, v in fields.items() if isinstance(v, int | float)}, step=step)
+        text = f"step {step}: {message}" + "".join(f" {k}={v}" for k, v in fields.items())
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def artifact(self, name: str, kind: str, path: Path) -> None:
+        """Attach a file to the wandb run (config, norm stats)."""
+        if self._wandb is None or not path.is_file():
+            return
+        import wandb
+
+        art = wandb.Artifact(name, type=kind)
+        art.add_file(str(path))
+        self._wandb.log_artifact(art)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._file is not None:
+            self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _init_wandb(cfg: LoggingConfig, run_dir: Path, config: dict[str, Any]) -> Any:
+    """A wandb run that resumes with the training run (its id kept in the run folder); offline unless the user is
+    logged in or set ``WANDB_MODE`` themselves."""
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    mode = os.environ.get("WANDB_MODE")
+    if mode is None:
+        mode = "online" if (os.environ.get("WANDB_API_KEY") or _netrc_has_wandb()) else "offline"
+    return wandb.init(
+        project=cfg.wandb_project,
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        config=config,
+        mode=mode,
+    )
+
+
+def _netrc_has_wandb() -> bool:
+    netrc = Path.home() / ".netrc"
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")

@@ -1,0 +1,86 @@
+"""The model a training run starts from: a fresh ``FlowVLA`` whose embodiment table is the data's, or a checkpoint
+(resume, fine-tuning) extended with the data's new embodiments; plus the preprocessing it is trained with, stored
+in every checkpoint so that serving and evaluation reproduce it (image size, observation history, chunk length,
+normalization and the exact stats)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vla.data.loader import VLALoader
+from vla.embodiments import get_embodiment
+from vla.models.hub import from_pretrained
+from vla.models.policies import POLICIES
+from vla.models.policies.flow_vla import FlowVLA
+from vla.models.run_dir import resolve_checkpoint
+from vla.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def loader_stats(loader: VLALoader) -> Any:
+    """The ``StatsFile`` the loader normalizes with (None when ``data.normalize`` is false)."""
+    if not loader.cfg.normalize:
+        return None
+    stats = getattr(loader, "stats", None)
+    if stats is None:  # loaders that do not expose it: the same lookup build_loader made
+        from vla.data.loader import _load_stats
+
+        stats, _ = _load_stats(loader.cfg, loader.dataset.sources)
+    return stats
+
+
+def preprocessing(cfg: TrainConfig, loader: VLALoader) -> dict[str, Any]:
+    """What a server or evaluator must apply to an observation to give the model what training gave it."""
+    data = cfg.data
+    return {
+        "image_size": data.image_size,
+        "obs_history": data.obs_history,
+        "chunk_length": data.chunk_length,
+        "normalize": data.normalize,
+        "clip": None,
+        "stats_keys": dict(getattr(loader, "stats_keys", {}) or {}),
+        "datasets": sorted({s.name for s in loader.dataset.sources}),
+    }
+
+
+def build_model(
+    cfg: TrainConfig, loader: VLALoader, *, init_from: str | Path | None = None, seed: int = 0
+) -> FlowVLA:
+    """A fresh model (seeded) for the data's embodiments, or ``init_from``'s weights with any embodiment the data
+    has and the checkpoint lacks added (each initialised from its most similar existing slot)."""
+    names = sorted(loader.embodiment_ids)
+    stats = loader_stats(loader)
+    if init_from is not None:
+        model = from_pretrained(resolve_checkpoint(init_from))
+        if model.cfg.backbone != cfg.model.backbone or model.cfg.expert != cfg.model.expert:
+            raise ValueError(
+                f"{init_from}: its model config differs from this run's model.* settings; drop the model.* "
+                "overrides (the checkpoint defines the architecture)"
+            )
+        for name in names:
+            if name not in model.embodiment_ids:
+                slot = model.add_embodiment(get_embodiment(name))
+                log.warning("embodiment %r is new to %s: slot %d added", name, init_from, slot)
+    else:
+        torch.manual_seed(seed)
+        model = POLICIES.get(cfg.model.policy)(cfg.model, [get_embodiment(n) for n in names])
+    model.norm_stats = stats
+    model.preprocessing = preprocessing(cfg, loader)
+    _check_image_size(cfg, model)
+    return model
+
+
+def _check_image_size(cfg: TrainConfig, model: FlowVLA) -> None:
+    """One resize, to the size the vision tower reads: the loader's output size must be the model's input size."""
+    want, got = model.backbone.image_size, cfg.data.image_size
+    if got != want:
+        raise ValueError(
+            f"data.image_size={got} but the model's vision tower reads {want} px images "
+            f"(model.backbone.image_size): set data.image_size={want} (or leave it unset to follow the model) so "
+            "images are resized once, in the loader, exactly as serving will"
+        )

@@ -1,0 +1,97 @@
+"""Optimizer and learning-rate schedule: AdamW over parameter groups (backbone / expert / heads, each with its own
+learning rate, weight decay only on matrices) and linear warmup followed by cosine decay."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from vla.train.config import OptimConfig
+
+log = logging.getLogger(__name__)
+
+#: parameter-name prefix -> group; the first matching prefix wins
+GROUPS = (
+    ("backbone.", "backbone"),
+    ("expert.", "expert"),
+    ("heads.", "heads"),
+    ("embodiment_tokens", "heads"),
+)
+
+
+def _group_of(name: str) -> str:
+    for prefix, group in GROUPS:
+        if name.startswith(prefix):
+            return group
+    raise ValueError(f"parameter {name!r} belongs to no optimizer group {[p for p, _ in GROUPS]}")
+
+
+def _decays(name: str, p: torch.Tensor) -> bool:
+    """Weight decay on weight matrices (and the per-embodiment [E, in, out] tables), not on biases, norms or
+    embeddings (the usual AdamW practice, e.g. nanoGPT / HF Trainer)."""
+    return p.dim() >= 2 and not name.endswith(".bias") and "norm" not in name and "embed" not in name
+
+
+def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:
+    """AdamW groups ``{"params", "lr", "weight_decay", "name"}`` of the trainable parameters, named
+    ``<component>`` or ``<component>/no_decay``; empty groups are left out."""
+    lrs = {
+        "backbone": cfg.backbone_lr if cfg.backbone_lr is not None else cfg.lr,
+        "expert": cfg.expert_lr if cfg.expert_lr is not None else cfg.lr,
+        "heads": cfg.heads_lr if cfg.heads_lr is not None else cfg.lr,
+    }
+    groups: dict[str, dict] = {}
+    for name, p in named:
+        if not p.requires_grad:
+            continue
+        component, decay = _group_of(name), _decays(name, p)
+        key = component if decay else f"{component}/no_decay"
+        g = groups.setdefault(
+            key,
+            {
+                "name": key,
+                "params": [],
+                "lr": lrs[component],
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+            },
+        )
+        g["params"].append(p)
+    if not groups:
+        raise ValueError(
+            "no trainable parameters: everything is frozen (check model.backbone.freeze_* and LoRA)"
+        )
+    return list(groups.values())
+
+
+def build_optimizer(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> torch.optim.AdamW:
+    """Torch's AdamW, fused where the parameters' device supports it (CUDA, and CPU since torch 2.4)."""
+    groups = param_groups(named, cfg)
+    kwargs = {"betas": tuple(cfg.betas), "eps": cfg.eps}
+    if cfg.fused:
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kwargs)
+        except (RuntimeError, TypeError) as e:  # e.g. a dtype or tensor subclass without a fused kernel
+            log.warning("fused AdamW unavailable here (%s): using the foreach implementation", e)
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def lr_multiplier(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Learning-rate factor of optimizer step ``step`` (0-based): linear warmup over ``warmup_steps`` (the first
+    step already gets ``1 / warmup_steps``), then constant or cosine decay to ``min_lr_ratio`` at ``total_steps``."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, total_steps))

@@ -1,0 +1,424 @@
+"""The training loop behind ``vla train`` (and ``vla finetune``): one loop for every scale.
+
+    data (build_loader: rank-sharded, resumable) -> FlowVLA (embodiment table from the data) -> DDP / FSDP2
+    -> AdamW (per-component learning rates, warmup + cosine) -> checkpoints (vla.train.checkpoint) + metrics
+
+The loss of an optimizer step is the masked flow-matching MSE over *every* sample of the global batch (all
+processes, all micro-batches): each process scales its summed error by ``world / total weight`` so that the
+gradient average DDP/FSDP take is exactly that mean. Flow noise and time are drawn per sample from
+(seed, step, dataset, episode, frame), so a sample's loss does not depend on the process or micro-batch it lands
+in: 2 processes x batch 4 compute the same step as 1 process x batch 8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from vla.data.loader import VLALoader, build_loader
+from vla.models.policies.flow_vla import FlowVLA
+from vla.models.run_dir import CHECKPOINTS, latest_complete
+from vla.train import checkpoint as ckpt
+from vla.train.config import TrainConfig, config_dict, diff_configs
+from vla.train.distributed import Runtime
+from vla.train.logger import MetricsLogger
+from vla.train.model_setup import build_model
+from vla.train.optim import build_optimizer, build_scheduler
+from vla.types import Batch
+
+log = logging.getLogger(__name__)
+
+
+class ResumeError(ValueError):
+    """The run folder holds a run this config cannot continue; the message names each field, old -> new."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    last_checkpoint: Path | None
+    final_loss: float | None
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Trainer:
+    """Builds everything a ``TrainConfig`` describes in ``run_dir`` (resuming it when it holds a checkpoint) and
+    runs ``train.steps`` optimizer steps."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, init_from: str | Path | None = None) -> None:
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.rt = Runtime.start(cfg.distributed)
+        self.config = config_dict(cfg)
+        self.resume_from = self._check_run_dir()
+        self.loader = build_loader(cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True)
+        self.model = build_model(
+            cfg, self.loader, init_from=self.resume_from or init_from, seed=cfg.train.seed
+        )
+        self.loader.embodiment_ids.clear()
+        self.loader.embodiment_ids.update(self.model.embodiment_ids)
+        self.wrapped = self.rt.wrap(self.model, cfg.train.precision)
+        self.optimizer = build_optimizer(self.model.named_parameters(), cfg.optim)
+        self.table_version = getattr(self.model, "table_version", 0)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
+        self.ema = self._init_ema()
+        self.step, self.samples_seen = 0, 0
+        self.datasets = sorted({s.name for s in self.loader.dataset.sources})
+        if self.resume_from is not None:
+            self._resume(self.resume_from)
+        self.val_loader = self._build_val_loader()
+
+    # ---- run folder and resume ---------------------------------------------------------------------------
+    def _check_run_dir(self) -> Path | None:
+        """Create the run folder, or validate the config against the run it holds. Returns the checkpoint to
+        resume from (its newest complete step) or None."""
+        cfg_file = self.run_dir / "config.yaml"
+        if self.rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.clean_partials(self.run_dir)
+        self.rt.barrier()
+        latest = latest_complete(self.run_dir)
+        if latest is None:
+            if self.rt.is_main:
+                cfg_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
+            return None
+        saved = yaml.safe_load((latest / ckpt.TRAIN_STATE / "config.yaml").read_text())
+        bad, ok = diff_configs(saved, self.config)
+        meta = ckpt.read_trainer_meta(latest)
+        batch = self.global_batch
+        if meta["global_batch"] != batch:
+            bad.append(
+                f"global batch (data.batch_size x processes x train.grad_accum): {meta['global_batch']} -> {batch}"
+            )
+        if bad:
+            raise ResumeError(
+                f"{self.run_dir} holds a run ({latest.name}) that these settings cannot continue:\n  "
+                + "\n  ".join(bad)
+                + "\nUse a new --run-dir for a new run, or restore these settings to resume."
+            )
+        if ok and self.rt.is_main:
+            log.warning("resuming %s with changed settings:\n  %s", latest, "\n  ".join(ok))
+            cfg_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        return latest
+
+    @property
+    def global_batch(self) -> int:
+        return self.cfg.data.batch_size * self.rt.world_size * self.cfg.train.grad_accum
+
+    def _app_state(self) -> dict[str, Any]:
+        msd, osd = self.rt.state_dicts(self.wrapped, self.optimizer)
+        state: dict[str, Any] = {"model": msd, "optim": osd}
+        if self.ema is not None:
+            state["ema"] = self.ema
+        return state
+
+    def _resume(self, folder: Path) -> None:
+        meta = ckpt.read_trainer_meta(folder)
+        names = list(self.model.embodiment_ids)
+        if meta["embodiments"] != names:
+            raise ResumeError(
+                f"{folder}: the run's embodiment table {meta['embodiments']} differs from the data's {names} "
+                "(the data mixture changed); use a new --run-dir"
+            )
+        state = self._app_state()
+        ckpt.load_train_state(folder, state)
+        self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.step, self.samples_seen = int(meta["step"]), int(meta["samples_seen"])
+        loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
+        if meta["world_size"] == self.rt.world_size and loader_state is not None:
+            self.loader.load_state_dict(loader_state)
+        else:
+            self.loader.epoch = int(meta["epoch"]) + 1
+            log.warning(
+                "%s was written by %d process(es), this run has %d: the data order restarts at epoch %d "
+                "(weights, optimizer and schedule resume exactly)",
+                folder,
+                meta["world_size"],
+                self.rt.world_size,
+                self.loader.epoch,
+            )
+        if rng is not None:
+            ckpt.set_rng_state(rng)
+        if self.rt.is_main:
+            log.warning("resumed from %s (step %d)", folder, self.step)
+
+    # ---- EMA ----------------------------------------------------------------------------------------------
+    def _init_ema(self) -> dict[str, torch.Tensor] | None:
+        if not self.cfg.ema.decay:
+            return None
+        return {n: p.detach().clone().float() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        if self.ema is None:
+            return
+        decay = self.cfg.ema.decay
+        for n, p in self.model.named_parameters():
+            if n in self.ema:
+                self.ema[n].lerp_(p.detach().float(), 1 - decay)
+
+    @contextlib.contextmanager
+    def _ema_weights(self):
+        """Temporarily load the EMA weights into the model (for the checkpoint's top-level weights)."""
+        if self.ema is None:
+            yield
+            return
+        params = dict(self.model.named_parameters())
+        backup = {n: params[n].detach().clone() for n in self.ema}
+        with torch.no_grad():
+            for n, v in self.ema.items():
+                params[n].copy_(v)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, v in backup.items():
+                    params[n].copy_(v)
+
+    # ---- data ---------------------------------------------------------------------------------------------
+    def _build_val_loader(self) -> VLALoader | None:
+        tc = self.cfg.train
+        if not tc.val_every:
+            return None
+        import dataclasses
+
+        from vla.config import AugmentConfig
+
+        data = dataclasses.replace(
+            self.cfg.data, split=tc.val_split, shuffle=False, augment=AugmentConfig(enabled=False)
+        )
+        try:
+            return build_loader(
+                data,
+                rank=self.rt.rank,
+                world_size=self.rt.world_size,
+                train=False,
+                embodiment_ids=self.model.embodiment_ids,
+            )
+        except ValueError as e:
+            if self.rt.is_main:
+                log.warning("validation off: no usable %r split (%s)", tc.val_split, e)
+            return None
+
+    def _batches(self):
+        """Batches forever: the loader's epochs one after another (the loader tracks epoch and position)."""
+        while True:
+            yield from self.loader
+
+    def _flow_inputs(self, batch: Batch, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample flow time ``[B]`` and noise ``[B, H, A_max]`` seeded by (seed, step, dataset, episode, frame)."""
+        ts, noises = [], []
+        h = batch.actions.shape[1]
+        meta = batch.meta
+        for i in range(batch.batch_size):
+            key = [
+                self.cfg.train.seed,
+                step,
+                zlib.crc32(str(meta["dataset"][i]).encode()),
+                int(meta["episode"][i]),
+                int(meta["frame"][i]),
+            ]
+            seed = int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> np.uint64(1))
+            t, noise = self.model.draw_flow_inputs(1, h, torch.Generator().manual_seed(seed))
+            ts.append(t)
+            noises.append(noise)
+        return torch.cat(ts), torch.cat(noises)
+
+    def _weight(self, batch: Batch) -> torch.Tensor:
+        """Number of (step, dim) entries the loss averages over in ``batch`` (the model's masks, without a forward)."""
+        ids = batch.embodiment_id.to(self.model.chunk_lengths.device)
+        h = batch.actions.shape[1]
+        steps = (torch.arange(h)[None] < self.model.chunk_lengths[ids].cpu()[:, None]) & ~batch.action_is_pad
+        return (steps.sum(1) * batch.action_mask.sum(1)).sum().float()
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def _train_step(self, micro: list[Batch]) -> dict[str, Any]:
+        rt, model = self.rt, self.wrapped
+        weight = rt.all_reduce_sum(torch.stack([self._weight(b) for b in micro]).sum())
+        scale = rt.world_size / weight.clamp(min=1)
+        per_emb = torch.zeros(2, len(self.model.specs))
+        per_ds = torch.zeros(2, len(self.datasets))
+        for i, batch in enumerate(micro):
+            t, noise = self._flow_inputs(batch, self.step)
+            sync = i == len(micro) - 1
+            with rt.no_sync(model, sync), rt.autocast(self.cfg.train.precision):
+                terms = model(batch, noise=noise, time=t)
+            (terms.err.sum() * scale).backward()
+            err, w = terms.err.detach().float().cpu(), terms.weight.detach().float().cpu()
+            ids = terms.embodiment_id.cpu()
+            per_emb[0].index_add_(0, ids, err)
+            per_emb[1].index_add_(0, ids, w)
+            ds = torch.tensor([self.datasets.index(d) for d in batch.meta["dataset"]])
+            per_ds[0].index_add_(0, ds, err)
+            per_ds[1].index_add_(0, ds, w)
+        grad_norm = rt.clip_grad_norm(self.model, self.cfg.train.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._update_ema()
+        per_emb, per_ds = rt.all_reduce_sum(per_emb), rt.all_reduce_sum(per_ds)
+        metrics: dict[str, Any] = {"loss": float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1))}
+        metrics["grad_norm"] = grad_norm
+        for i, s in enumerate(self.model.specs):
+            if per_emb[1, i] > 0:
+                metrics[f"loss/{s.name}"] = float(per_emb[0, i] / per_emb[1, i])
+        for i, name in enumerate(self.datasets):
+            if per_ds[1, i] > 0:
+                metrics[f"loss_dataset/{name}"] = float(per_ds[0, i] / per_ds[1, i])
+        return metrics
+
+    def run(self) -> TrainResult:
+        cfg, rt = self.cfg, self.rt
+        logger = MetricsLogger(
+            cfg.logging,
+            self.run_dir,
+            enabled=rt.is_main,
+            total_steps=cfg.train.steps,
+            start_step=self.step,
+            config=self.config,
+        )
+        if rt.is_main:
+            counts = self.model.parameter_counts()["all"]
+            logger.event(
+                self.step,
+                "start" if self.step == 0 else "resume",
+                processes=rt.world_size,
+                strategy=rt.strategy,
+                global_batch=self.global_batch,
+                parameters=counts["total"],
+                trainable=counts["trainable"],
+                embodiments=",".join(self.model.embodiment_ids),
+            )
+            logger.artifact("config", "config", self.run_dir / "config.yaml")
+        last, final_loss = latest_complete(self.run_dir), None
+        batches = self._batches()
+        self.wrapped.train()
+        window: list[tuple[float, float]] = []
+        try:
+            while self.step < cfg.train.steps:
+                self._check_table()
+                t0 = time.perf_counter()
+                micro = [next(batches) for _ in range(cfg.train.grad_accum)]
+                wait = time.perf_counter() - t0
+                metrics = self._train_step(micro)
+                self.step += 1
+                self.samples_seen += self.global_batch
+                step_time = time.perf_counter() - t0
+                window.append((step_time, wait))
+                final_loss = metrics["loss"]
+                if self.step % cfg.logging.every == 0 or self.step == cfg.train.steps:
+                    mean_t = sum(w[0] for w in window) / len(window)
+                    mean_w = sum(w[1] for w in window) / len(window)
+                    metrics.update(
+                        lr=self.optimizer.param_groups[0]["lr"],
+                        **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
+                        step_time_s=round(mean_t, 5),
+                        data_wait_s=round(mean_w, 5),
+                        data_wait_frac=round(mean_w / mean_t, 4) if mean_t else 0.0,
+                        samples_per_s=round(self.global_batch / mean_t, 3) if mean_t else 0.0,
+                        samples_seen=self.samples_seen,
+                        epoch=self.loader.epoch,
+                        peak_rss_mb=round(_peak_rss_mb(), 1),
+                        **rt.memory_stats(),
+                    )
+                    logger.log(self.step, metrics)
+                    window = []
+                if self.val_loader is not None and self.step % cfg.train.val_every == 0:
+                    logger.event(self.step, "validation", val_loss=round(self.validate(), 6))
+                if self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
+                    last = self.save()
+                    logger.event(self.step, "checkpoint", path=str(last))
+                    if self.step == cfg.train.save_every or last is not None and self.step == cfg.train.steps:
+                        logger.artifact("norm_stats", "stats", last / "norm_stats.json")
+        finally:
+            logger.close()
+        return TrainResult(self.run_dir, self.step, last, final_loss)
+
+    def _check_table(self) -> None:
+        version = getattr(self.model, "table_version", 0)
+        if version != self.table_version:
+            raise RuntimeError(
+                "the model's embodiment table changed (add_embodiment) after the optimizer was built; build the "
+                "Trainer after every add_embodiment"
+            )
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Masked flow-matching loss over ``train.val_batches`` batches of the validation split, with fixed noise
+        (the same every time, so successive values are comparable)."""
+        assert self.val_loader is not None
+        self.wrapped.eval()
+        total = torch.zeros(2)
+        self.val_loader.epoch, self.val_loader.batches_done = 0, 0
+        for i, batch in enumerate(self.val_loader):
+            if i >= self.cfg.train.val_batches:
+                break
+            t, noise = self._flow_inputs(batch, -1)
+            with self.rt.autocast(self.cfg.train.precision):
+                terms = self.wrapped(batch, noise=noise, time=t)
+            total += torch.stack([terms.err.sum().float().cpu(), terms.weight.sum().float().cpu()])
+        self.wrapped.train()
+        total = self.rt.all_reduce_sum(total)
+        return float(total[0] / total[1].clamp(min=1))
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Write ``checkpoints/step-XXXXXXX`` (see vla.train.checkpoint) and prune old ones. Collective."""
+        rt, step = self.rt, self.step
+        tmp = ckpt.partial_dir(self.run_dir, step)
+        if rt.is_main:
+            (self.run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+            ckpt.clean_partials(self.run_dir)
+        rt.barrier()
+        with self._ema_weights():
+            rt.save_model_folder(self.model, self.wrapped, tmp)
+        rt.barrier()
+        ckpt.save_train_state(
+            tmp, rank=rt.rank, app_state=self._app_state(), loader_state=self.loader.state_dict()
+        )
+        rt.barrier()
+        final = None
+        if rt.is_main:
+            meta = {
+                "step": step,
+                "samples_seen": self.samples_seen,
+                "world_size": rt.world_size,
+                "global_batch": self.global_batch,
+                "epoch": self.loader.epoch,
+                "embodiments": list(self.model.embodiment_ids),
+                "scheduler": self.scheduler.state_dict(),
+                "strategy": rt.strategy,
+            }
+            ckpt.write_trainer_meta(tmp, meta, self.config)
+            final = ckpt.publish(self.run_dir, step)
+            ckpt.prune(self.run_dir, self.cfg.train.keep_last, self.cfg.checkpoint.keep_every)
+        rt.barrier()
+        return final or self.run_dir / CHECKPOINTS / ckpt.step_dir_name(step)
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, *, init_from: str | Path | None = None) -> TrainResult:
+    """Run (or resume) a training run in ``run_dir``; returns where it ended."""
+    trainer = Trainer(cfg, run_dir, init_from=init_from)
+    try:
+        return trainer.run()
+    finally:
+        trainer.rt.close()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
