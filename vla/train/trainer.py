@@ -27,7 +27,6 @@ import torch.distributed as dist
 import yaml
 
 from vla.data.loader import VLALoader, build_loader
-from vla.models.policies.flow_vla import FlowVLA
 from vla.models.run_dir import CHECKPOINTS, latest_complete
 from vla.train import checkpoint as ckpt
 from vla.train.config import TrainConfig, config_dict, diff_configs
@@ -305,7 +304,7 @@ class Trainer:
                 embodiments=",".join(self.model.embodiment_ids),
             )
             logger.artifact("config", "config", self.run_dir / "config.yaml")
-        last, final_loss = latest_complete(self.run_dir), None
+        last, final_loss, stats_logged = latest_complete(self.run_dir), None, False
         batches = self._batches()
         self.wrapped.train()
         window: list[tuple[float, float]] = []
@@ -343,8 +342,9 @@ class Trainer:
                 if self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
                     last = self.save()
                     logger.event(self.step, "checkpoint", path=str(last))
-                    if self.step == cfg.train.save_every or last is not None and self.step == cfg.train.steps:
+                    if not stats_logged:  # once per launch: the stats cannot change within a run
                         logger.artifact("norm_stats", "stats", last / "norm_stats.json")
+                        stats_logged = True
         finally:
             logger.close()
         return TrainResult(self.run_dir, self.step, last, final_loss)
