@@ -6,8 +6,10 @@ Loaded from a preset under ``configs/train/`` (or a YAML path) plus dotted ``--s
 
 ``model`` and ``data`` may each be a preset *name* (``model: tiny_smolvlm`` -> ``configs/model/tiny_smolvlm.yaml``,
 ``data: droid`` -> ``configs/data/droid.yaml``) or a nested mapping; ``--set model=bench_smolvla`` swaps the
-preset and later ``--set model.chunk_length=4`` edits it. Where the data config leaves ``image_size`` or
-``chunk_length`` unset they follow the model's (one source of truth for preprocessing).
+preset and later ``--set model.chunk_length=4`` edits it. The model is the one source of truth for the image
+size: ``data.image_size`` follows ``model.backbone.image_size`` unless set explicitly (a data preset's own value
+is ignored), and a mismatch is an error when training starts, never a second resize. ``data.chunk_length`` follows
+``model.chunk_length`` when unset and may not be shorter.
 
 ``data.batch_size`` is per process and micro-step: the global batch is
 ``data.batch_size x world_size x train.grad_accum``.
@@ -212,6 +214,8 @@ def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
     loaded = yaml.safe_load(path.read_text()) or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    if kind == "data":  # the model decides the image size; only an explicit data.image_size competes with it
+        loaded.pop("image_size", None)
     return _merge(loaded, value)
 
 

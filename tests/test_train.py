@@ -1,0 +1,243 @@
+"""`vla train`: configs and presets, the optimizer, the loop end to end, crash-safe checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import kill_inside_checkpoint, metrics, mixture_file, run_cli, tiny_dataset, weights
+
+from vla.config import ConfigError
+from vla.models.run_dir import complete_steps, latest_complete, resolve_checkpoint
+from vla.paths import config_dir
+from vla.train.config import OptimConfig, diff_configs, load_train_config
+from vla.train.optim import lr_multiplier, param_groups
+from vla.train.trainer import ResumeError, train
+
+TRAIN_PRESETS = sorted(p.stem for p in (config_dir() / "train").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def wx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_dataset(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def two_datasets(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("mix")
+    return [
+        tiny_dataset(root, "wx_a", seed=1),
+        tiny_dataset(root, "franka_b", robot_type="franka_droid", seed=2),
+    ]
+
+
+def _args(ds: Path | str, *extra: str, steps: int = 4, save_every: int = 2) -> list[str]:
+    return [
+        f"data.datasets=[{ds}]",
+        f"train.steps={steps}",
+        f"train.save_every={save_every}",
+        "logging.every=1",
+        "logging.progress=false",
+        *extra,
+    ]
+
+
+def _sets(over: list[str]) -> list[str]:
+    return [x for a in over for x in ("--set", a)]
+
+
+# ---- configs -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", TRAIN_PRESETS)
+def test_every_train_preset_parses(preset: str) -> None:
+    over = ["data.datasets=[x]"] if preset == "debug" else []  # the others name their mixture
+    cfg = load_train_config(preset, over)
+    assert cfg.train.steps >= 1 and cfg.data.batch_size >= 1
+    # one source of truth: the loader resizes to what the vision tower reads, and covers the model's chunk
+    assert cfg.data.image_size == cfg.model.backbone.image_size
+    assert cfg.data.chunk_length == 0 or cfg.data.chunk_length >= cfg.model.chunk_length
+
+
+def test_config_overrides_and_errors() -> None:
+    cfg = load_train_config("debug", ["data.datasets=[a]", "model=bench_smolvla", "model.chunk_length=20"])
+    assert cfg.model.backbone.pretrained == "tiny:smolvlm:bench" and cfg.model.chunk_length == 20
+    assert cfg.data.image_size == 224 and cfg.data.chunk_length == 20  # followed the model
+    with pytest.raises(ConfigError, match=r"Did you mean train\.steps"):
+        load_train_config("debug", ["data.datasets=[a]", "train.step=3"])
+    with pytest.raises(ConfigError, match=r"train\.save_every must be >= 1, got 0"):
+        load_train_config("debug", ["data.datasets=[a]", "train.save_every=0"])
+    with pytest.raises(ConfigError, match=r"exactly one of data.datasets or data.mixture"):
+        load_train_config("debug")
+    with pytest.raises(ConfigError, match=r"data.chunk_length=4 is shorter than model.chunk_length=8"):
+        load_train_config("debug", ["data.datasets=[a]", "data.chunk_length=4"])
+    with pytest.raises(ConfigError, match=r"Unknown train preset 'debg'\. Did you mean debug"):
+        load_train_config("debg")
+
+
+def test_diff_configs_splits_compatible_from_incompatible() -> None:
+    a = json.loads(json.dumps(_cfg_dict(["train.steps=10"])))
+    b = _cfg_dict(["train.steps=20", "model.chunk_length=6", "data.batch_size=8"])
+    bad, ok = diff_configs(a, b)
+    assert any(line.startswith("model.chunk_length: 8 -> 6") for line in bad)
+    assert any(line.startswith("train.steps: 10 -> 20") for line in ok)
+    assert any(line.startswith("data.batch_size") for line in ok)  # the global batch is checked on its own
+
+
+def _cfg_dict(over: list[str]) -> dict:
+    from vla.train.config import config_dict
+
+    return config_dict(load_train_config("debug", ["data.datasets=[a]", *over]))
+
+
+# ---- optimizer -----------------------------------------------------------------------------------------------
+def test_param_groups_and_schedule() -> None:
+    from vla.models.testing import tiny_model
+
+    model = tiny_model()
+    cfg = OptimConfig(lr=1e-3, backbone_lr=1e-4, warmup_steps=2, min_lr_ratio=0.1)
+    groups = {g["name"]: g for g in param_groups(model.named_parameters(), cfg)}
+    assert groups["backbone"]["lr"] == 1e-4 and groups["expert"]["lr"] == 1e-3
+    assert groups["heads/no_decay"]["weight_decay"] == 0.0 and groups["heads"]["weight_decay"] > 0
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(
+        names[id(p)].endswith("bias") or "norm" in names[id(p)] or "embed" in names[id(p)] or p.dim() < 2
+        for g in groups.values()
+        if g["name"].endswith("no_decay")
+        for p in g["params"]
+    )
+    counted = sum(len(g["params"]) for g in groups.values())
+    assert counted == sum(1 for p in model.parameters() if p.requires_grad)
+    lrs = [lr_multiplier(s, cfg, 10) for s in range(10)]
+    assert lrs[0] == 0.5 and lrs[1] == 1.0 and lrs[2] == 1.0 and lrs[-1] > 0.1
+    assert all(a >= b for a, b in itertools.pairwise(lrs[1:]))
+    assert lr_multiplier(10, cfg, 10) == pytest.approx(0.1)
+
+
+# ---- the loop ------------------------------------------------------------------------------------------------
+def test_debug_run_loss_falls_and_predict_runs(wx: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    over = _args(wx, "optim.warmup_steps=5", "optim.lr=1e-3", steps=40, save_every=20)
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(over)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    first = sum(r["loss"] for r in rows[:5]) / 5
+    last = sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+    for key in (
+        "lr",
+        "grad_norm",
+        "samples_per_s",
+        "data_wait_frac",
+        "step_time_s",
+        "peak_rss_mb",
+        "loss/widowx_bridge",
+        "loss_dataset/wx",
+    ):
+        assert key in rows[-1]
+    assert [p.name for p in complete_steps(run)] == ["step-0000020", "step-0000040"]
+    step = latest_complete(run)
+    assert resolve_checkpoint(run) == step
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "norm_stats.json",
+        "backbone",
+        "embodiments",
+        "README.md",
+        "COMPLETE",
+        "train_state/trainer.json",
+        "train_state/config.yaml",
+        "train_state/dcp",
+        "train_state/rank0.json",
+        "train_state/rng0.pt",
+    ):
+        assert (step / name).exists(), name
+    r = run_cli(["model", "predict", str(run), str(wx), "--episode", "1", "--frame", "3", "--json"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["embodiment"] == "widowx_bridge" and len(out["actions"][0]) == 7
+
+
+@pytest.mark.parametrize(
+    "variant", ["plain", "workers", "mixture"], ids=["0-workers", "2-workers", "two-dataset-mixture"]
+)
+def test_kill_inside_checkpoint_write_then_resume_is_bitwise_exact(
+    variant: str, wx: Path, two_datasets: list[Path], tmp_path: Path
+) -> None:
+    """4 steps straight == 2 steps + SIGKILL inside step 4's checkpoint write + re-run, bit for bit."""
+    extra = ["optim.warmup_steps=1"]
+    if variant == "workers":
+        extra.append("data.num_workers=2")
+    if variant == "mixture":
+        mix = mixture_file(tmp_path, two_datasets)
+        over = [a for a in _args("x", *extra) if not a.startswith("data.datasets")] + [f"data.mixture={mix}"]
+    else:
+        over = _args(wx, *extra)
+    straight = train(load_train_config("debug", over), tmp_path / "straight")
+    assert straight.step == 4
+    killed = tmp_path / "killed"
+    kill_inside_checkpoint(["train", "debug", "--run-dir", str(killed), *_sets(over)], killed, step=4)
+    assert [p.name for p in complete_steps(killed)] == ["step-0000002"]  # 4 never looked complete
+    assert (killed / "checkpoints" / ".step-0000004.partial").is_dir()
+    resumed = train(load_train_config("debug", over), killed)
+    assert resumed.step == 4
+    assert not (killed / "checkpoints" / ".step-0000004.partial").exists()  # cleaned on restart
+    a, b = weights(straight.last_checkpoint), weights(resumed.last_checkpoint)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa = json.loads((straight.last_checkpoint / "train_state" / "rank0.json").read_text())
+    sb = json.loads((resumed.last_checkpoint / "train_state" / "rank0.json").read_text())
+    assert sa == sb  # loader position (and mixture stream) identical
+    assert _optim_state(straight.last_checkpoint).keys() == _optim_state(resumed.last_checkpoint).keys()
+    oa, ob = _optim_state(straight.last_checkpoint), _optim_state(resumed.last_checkpoint)
+    assert all(torch.equal(oa[k], ob[k]) for k in oa)
+    la = [r["loss"] for r in metrics(tmp_path / "straight")]
+    lb = [r["loss"] for r in metrics(killed)]  # steps 1-4 of the killed process, then 3-4 of the resumed one
+    assert la == lb[:4] and la[2:] == lb[4:]
+
+
+def _optim_state(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the DCP train state (model, optimizer moments), by its flattened key."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = step_dir.parent / f"{step_dir.name}.pt"
+    dcp_to_torch_save(str(step_dir / "train_state" / "dcp"), str(out))
+    state = torch.load(out, weights_only=False)
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, x: object) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(x, torch.Tensor):
+            flat[prefix] = x
+
+    walk("", state)
+    assert any("exp_avg" in k for k in flat)
+    return flat
+
+
+def test_resume_refuses_incompatible_and_warns_on_compatible(
+    wx: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    train(load_train_config("debug", _args(wx, steps=2)), run)
+    with pytest.raises(ResumeError) as e:
+        train(
+            load_train_config("debug", _args(wx, "model.chunk_length=10", "data.batch_size=2", steps=3)), run
+        )
+    msg = str(e.value)
+    assert "model.chunk_length: 8 -> 10" in msg and "global batch" in msg and "4 -> 2" in msg
+    with caplog.at_level(logging.WARNING):
+        result = train(load_train_config("debug", _args(wx, "logging.every=2", steps=3)), run)
+    assert result.step == 3
+    assert "train.steps: 2 -> 3" in caplog.text and "resumed from" in caplog.text
+
+
+def test_image_size_mismatch_is_an_error(wx: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"data.image_size=32 but the model's vision tower reads 64 px"):
+        train(load_train_config("debug", _args(wx, "data.image_size=32")), tmp_path / "r")
