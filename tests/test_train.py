@@ -31,7 +31,7 @@ def two_datasets(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("mix")
     return [
         tiny_dataset(root, "wx_a", seed=1),
-        tiny_dataset(root, "franka_b", robot_type="franka_droid", seed=2),
+        tiny_dataset(root, "ur5e_b", robot_type="sim_ur5e", seed=2),
     ]
 
 

@@ -18,12 +18,15 @@ previous checkpoints untouched or a hidden partial folder, which the next save o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import shutil
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when no process group exists: exactly the single-process run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -110,7 +123,8 @@ def save_train_state(
     loader position and RNG states into ``folder/train_state``."""
     ts = folder / TRAIN_STATE
     ts.mkdir(parents=True, exist_ok=True)
-    dcp.save(app_state, checkpoint_id=str(ts / "dcp"))
+    with _single_process_quiet():
+        dcp.save(app_state, checkpoint_id=str(ts / "dcp"))
     (ts / f"rank{rank}.json").write_text(json.dumps(loader_state))
     torch.save(rng_state(), ts / f"rng{rank}.pt")
 
@@ -164,7 +178,8 @@ def prune(run_dir: Path, keep_last: int, keep_every: int) -> list[Path]:
 
 def load_train_state(folder: Path, app_state: dict[str, Any]) -> None:
     """Collective: fill ``app_state``'s tensors in place from the checkpoint's DCP folder (resharded as needed)."""
-    dcp.load(app_state, checkpoint_id=str(folder / TRAIN_STATE / "dcp"))
+    with _single_process_quiet():
+        dcp.load(app_state, checkpoint_id=str(folder / TRAIN_STATE / "dcp"))
 
 
 def read_trainer_meta(folder: Path) -> dict[str, Any]:
