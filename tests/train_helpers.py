@@ -99,3 +99,32 @@ def weights(step_dir: Path) -> dict:
 def metrics(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "loss" in r]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 300):
+    """``torchrun --nproc-per-node nproc -m vla.cli ARGS`` on a free port (gloo on CPU)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "vla.cli",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env or cli_env(), timeout=timeout, cwd=REPO
+    )

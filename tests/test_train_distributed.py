@@ -1,0 +1,51 @@
+"""`vla train` on 2 processes (torchrun, gloo, CPU): DDP computes the same steps as 1 process at the same global
+batch; FSDP2 shards, saves a consolidated model and a reshardable train state that 1 process resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import metrics, run_cli, tiny_dataset, torchrun, weights
+
+from vla.models.run_dir import latest_complete
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def wx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_dataset(tmp_path_factory.mktemp("data"))
+
+
+def _sets(ds: Path, *extra: str, steps: int = 3) -> list[str]:
+    over = [
+        f"data.datasets=[{ds}]",
+        f"train.steps={steps}",
+        f"train.save_every={steps}",
+        "logging.every=1",
+        "logging.progress=false",
+        "optim.warmup_steps=1",
+        *extra,
+    ]
+    return [x for a in over for x in ("--set", a)]
+
+
+def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(wx: Path, tmp_path: Path) -> None:
+    one = run_cli(["train", "debug", "--run-dir", str(tmp_path / "one"), *_sets(wx, "data.batch_size=4")])
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = torchrun(["train", "debug", "--run-dir", str(tmp_path / "two"), *_sets(wx, "data.batch_size=2")])
+    assert two.returncode == 0, two.stderr[-3000:]
+    rows1, rows2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [r["step"] for r in rows2] == [1, 2, 3]  # rank 0 logs alone
+    for a, b in zip(rows1, rows2, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6)
+        assert b["loss/widowx_bridge"] == pytest.approx(a["loss/widowx_bridge"], rel=1e-5, abs=1e-6)
+    w1, w2 = weights(latest_complete(tmp_path / "one")), weights(latest_complete(tmp_path / "two"))
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-6, msg=k)
+    ts = latest_complete(tmp_path / "two") / "train_state"
+    assert (ts / "rank0.json").is_file() and (ts / "rank1.json").is_file()  # every rank's loader position
+    assert (ts / "rng0.pt").is_file() and (ts / "rng1.pt").is_file()
