@@ -49,3 +49,24 @@ def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(wx: Path, 
     ts = latest_complete(tmp_path / "two") / "train_state"
     assert (ts / "rank0.json").is_file() and (ts / "rank1.json").is_file()  # every rank's loader position
     assert (ts / "rng0.pt").is_file() and (ts / "rng1.pt").is_file()
+
+
+def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from train_helpers import REPO, cli_env, free_port
+
+    run = tmp_path / "acc"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "configs/accelerate/ddp.yaml"),
+        "--num_processes", "2", "--main_process_port", str(free_port()),
+        "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=2", steps=2),
+    ]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e.get("event") == "start")
+    assert start["processes"] == 2 and start["strategy"] == "ddp" and start["global_batch"] == 4
+    assert latest_complete(run).name == "step-0000002"

@@ -137,12 +137,13 @@ def cmd_model_init(args: argparse.Namespace) -> int:
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from vla.models.run_dir import resolve_checkpoint
 
-    if (Path(args.target) / "config.json").is_file() and (Path(args.target) / "model.safetensors").is_file():
+    target = resolve_checkpoint(args.target)  # a run folder means its newest complete step
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         from vla.models.hub import from_pretrained
 
-        model = from_pretrained(args.target)
+        model = from_pretrained(target)
     else:
         from vla.embodiments import get_embodiment
         from vla.models.config import load_model_config

@@ -44,7 +44,9 @@ class Runtime:
         acc = Accelerator(cpu=not torch.cuda.is_available())
         strategy = cfg.strategy
         if strategy == "auto":
-            if acc.distributed_type == DistributedType.FSDP:
+            # `accelerate launch` with an FSDP config sets ACCELERATE_USE_FSDP; on CPU its state still says MULTI_CPU
+            fsdp_env = os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
+            if acc.distributed_type == DistributedType.FSDP or fsdp_env:
                 strategy = "fsdp2"
             else:
                 strategy = "ddp" if acc.num_processes > 1 else "single"

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import yaml
 
 from vla.data.loader import VLALoader, build_loader
+from vla.models.backbone import resolve_pretrained
 from vla.models.run_dir import CHECKPOINTS, latest_complete
 from vla.train import checkpoint as ckpt
 from vla.train.config import TrainConfig, config_dict, diff_configs
@@ -65,6 +66,9 @@ class Trainer:
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
         self.loader = build_loader(cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True)
+        if self.rt.is_main:  # rank 0 materializes a local backbone folder (tiny preset) before the others read it
+            resolve_pretrained(cfg.model.backbone.pretrained)
+        self.rt.barrier()
         self.model = build_model(
             cfg, self.loader, init_from=self.resume_from or init_from, seed=cfg.train.seed
         )
