@@ -11,6 +11,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vla.config import DataConfig
+from vla.data.episode_index import NO_CACHE_ENV, kept_lengths
 from vla.data.readers import DatasetReader
 from vla.data.standardize import StandardizeOptions, StdEpisode, keymap_for, standardize_episode
 from vla.data.transforms import augment_images, resize_images
@@ -30,7 +32,8 @@ NormalizeFn = Callable[[str, str, str, np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class Source:
-    """One dataset the loader reads: the reader, its key map and its kept-frame counts per episode."""
+    """One dataset the loader reads: the reader, its key map and its kept-frame counts per episode (``index``:
+    the episode index file they were read from, None when counted by standardizing every episode)."""
 
     reader: DatasetReader
     split: str
@@ -38,6 +41,7 @@ class Source:
     lengths: np.ndarray  # int64 [num_episodes]: frames kept by standardization
     name: str
     options: StandardizeOptions | None = None
+    index: Path | None = None
 
     @property
     def num_samples(self) -> int:
@@ -58,9 +62,19 @@ def standardize_options(cfg: DataConfig) -> StandardizeOptions:
 
 
 def build_source(
-    reader: DatasetReader, split: str, keymap: Any | None = None, options: StandardizeOptions | None = None
+    reader: DatasetReader,
+    split: str,
+    keymap: Any | None = None,
+    options: StandardizeOptions | None = None,
+    *,
+    index_cache: bool = True,
+    workers: int | None = None,
 ) -> Source:
-    """Standardize every episode once to learn how many frames each keeps (drop rules, idle filters)."""
+    """The ``Source`` of one split: kept-frame counts from the dataset's episode index
+    (``vla.data.episode_index``: built once by standardizing every episode of every split in ``workers``
+    processes, then read back while the dataset files are unchanged). ``index_cache=False`` (or
+    ``VLA_NO_INDEX_CACHE=1``) standardizes ``split`` every time instead, without reading or writing an
+    index."""
     km = keymap or keymap_for(reader)
     if km is None:
         raise ValueError(
@@ -70,14 +84,10 @@ def build_source(
         )
     if split not in reader.splits():
         raise ValueError(f"{reader.path}: no split {split!r}; available: {reader.splits()}")
-    lengths = np.array(
-        [
-            len(standardize_episode(reader, split, e, km, options=options).frames)
-            for e in range(reader.num_episodes(split))
-        ],
-        dtype=np.int64,
+    lengths, index = kept_lengths(reader, split, km, options, cache=index_cache, workers=workers)
+    return Source(
+        reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options, index=index
     )
-    return Source(reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options)
 
 
 class WindowDataset(Dataset):
@@ -137,6 +147,13 @@ class WindowDataset(Dataset):
             return hit
         src = self.sources[si]
         std = standardize_episode(src.reader, src.split, ep, src.keymap, options=src.options)
+        if len(std.frames) != src.lengths[ep]:  # the flat sample index was built from these counts
+            where = f"its episode index {src.index}" if src.index else "the source's lengths"
+            raise ValueError(
+                f"{src.reader.path} ({src.name}) split {src.split!r} episode {ep}: standardization keeps "
+                f"{len(std.frames)} frames but {where} says {int(src.lengths[ep])}. Delete the index file to "
+                f"rebuild it (or set {NO_CACHE_ENV}=1 to count without one)."
+            )
         if self.normalize is not None:
             std.state = self.normalize(std.embodiment, std.dataset, "state", std.state)
             std.action = self.normalize(std.embodiment, std.dataset, "action", std.action)
