@@ -386,3 +386,71 @@ def test_joint_stats_over_two_datasets_normalize_per_embodiment(data_root: Path,
     batch = next(iter(loader))
     assert torch.isfinite(batch.actions).all()
     assert main(["data", "stats", *paths]) == 2  # several datasets need --out
+
+
+def _widowx(path: Path, seed: int) -> Path:
+    return make_lerobot_dataset(
+        path,
+        num_episodes=2,
+        episode_length=[8, 6],
+        state_dim=7,
+        action_dim=7,
+        cameras={"primary": (16, 16)},
+        robot_type="widowx_bridge",
+        video=False,
+        seed=seed,
+    )
+
+
+@pytest.mark.parametrize("files", ["renamed_dataset", "embodiment_keys_only"])
+def test_datasets_of_one_embodiment_are_normalized_with_their_own_stats(
+    tmp_path: Path, files: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each dataset's own stats file describes that dataset only: merging two of one embodiment must not let
+    the last file's embodiment-wide entry normalize the other dataset."""
+    a = _widowx(tmp_path / "a", seed=1)
+    b = _widowx(tmp_path / ("b_before_rename" if files == "renamed_dataset" else "b"), seed=2)
+    own = {"a": write_stats(a, progress=False), "b": write_stats(b, progress=False)}
+    if files == "renamed_dataset":  # its file still says widowx_bridge@b_before_rename
+        b = b.rename(tmp_path / "b")
+        own["b"] = b / "meta" / "vla_stats.json"
+    else:  # files carrying only embodiment-wide keys (hand-written or converted ones)
+        for path in own.values():
+            sf = StatsFile.load(path)
+            sf.stats = {k: v for k, v in sf.stats.items() if "@" not in k}
+            sf.save(path)
+    spec = get_embodiment("widowx_bridge")
+    norms = {n: Normalizer.from_spec(StatsFile.load(p), spec, "state") for n, p in own.items()}
+    loader = build_loader(_cfg([b, a], normalize=True, shuffle=False, batch_size=1))
+    readers = {"a": open_dataset(a), "b": open_dataset(b)}
+    for batch in loader:
+        name, ep, frame = batch.meta["dataset"][0], batch.meta["episode"][0], batch.meta["frame"][0]
+        std = standardize_episode(readers[name], "train", ep)
+        raw_state = std.state[int(np.flatnonzero(std.frames == frame)[0])][None]
+        other = norms["b" if name == "a" else "a"](raw_state)[0]
+        got = batch.state[0, :7].numpy()
+        np.testing.assert_allclose(got, norms[name](raw_state)[0], rtol=1e-6, atol=1e-6)
+        assert not np.allclose(got, other, atol=1e-3)
+    assert loader.stats_keys == {
+        n: {"state": f"widowx_bridge@{n}", "action": f"widowx_bridge@{n}"} for n in ("a", "b")
+    }
+    assert "widowx_bridge" not in loader.stats.stats  # no single embodiment-wide entry fits both
+    assert "different stats" in caplog.text and str(own["a"]) in caplog.text and "joint.json" in caplog.text
+
+
+def test_same_named_datasets_with_different_stats_are_an_error(tmp_path: Path) -> None:
+    x, y = _widowx(tmp_path / "x" / "set", seed=1), _widowx(tmp_path / "y" / "set", seed=2)
+    files = [write_stats(p, progress=False) for p in (x, y)]
+    fix = r"share the name 'set'.*vla data stats .* --out joint.json.*stats_path"
+    with pytest.raises(ValueError, match=fix) as error:
+        build_loader(_cfg([x, y], normalize=True))
+    assert all(str(f) in str(error.value) for f in files)
+
+
+def test_loader_exposes_the_stats_it_normalizes_with(data_root: Path, tmp_path: Path) -> None:
+    path = data_root / "widowx_set"
+    assert build_loader(_cfg([path])).stats is None and build_loader(_cfg([path])).stats_keys == {}
+    stats_path = write_stats(path, out=tmp_path / "stats.json", progress=False)
+    loader = build_loader(_cfg([path], normalize=True, stats_path=str(stats_path)))
+    assert loader.stats.path == stats_path
+    assert loader.stats_keys == {"widowx_set": {"state": "widowx_bridge", "action": "widowx_bridge"}}

@@ -9,8 +9,10 @@ batches the original would have.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -123,7 +125,13 @@ class SampleOrder:
 
 
 class VLALoader:
-    """Iterable of ``Batch`` over epochs with exact resume (``state_dict``/``load_state_dict``)."""
+    """Iterable of ``Batch`` over epochs with exact resume (``state_dict``/``load_state_dict``).
+
+    What it normalizes with, for the checkpoint: ``stats`` is the ``StatsFile`` used (None when
+    ``data.normalize=false``) and ``stats_keys`` maps each dataset name to the key of ``stats`` its state and
+    action are normalized with (``{"bridge": {"state": "widowx_bridge@bridge", "action": ...}}``; empty
+    without normalization).
+    """
 
     def __init__(
         self,
@@ -135,8 +143,11 @@ class VLALoader:
         world_size: int = 1,
         drop_last: bool = True,
         stream: MixtureSampler | None = None,
+        stats: StatsFile | None = None,
+        stats_keys: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.dataset, self.cfg = dataset, cfg
+        self.stats, self.stats_keys = stats, dict(stats_keys or {})
         self.embodiment_ids = dict(embodiment_ids)
         self.order = SampleOrder(
             len(dataset),
@@ -220,16 +231,18 @@ class VLALoader:
 
 
 def _load_stats(cfg: DataConfig, sources: Sequence[Source]) -> tuple[StatsFile, bool]:
-    """The stats file(s) for ``sources``: ``data.stats_path`` if set, else each dataset's own (``vla data stats``).
+    """The stats the loader normalizes ``sources`` with, and whether it reads them per dataset.
 
-    Returns (stats, per_dataset): with per-dataset files merged, ``embodiment@dataset`` keys are used.
+    ``data.stats_path`` set: that file, per embodiment (``"<embodiment>"`` keys, e.g. a joint file from
+    ``vla data stats A B``). Else each dataset's own file (``vla data stats <dataset>``): one dataset uses its
+    file as is, per embodiment; several are merged by ``_merge_dataset_stats``, per dataset.
     """
     from vla.data.normalize import StatsFile
     from vla.data.stats import default_stats_paths, find_stats
 
     if cfg.stats_path:
         return StatsFile.load(cfg.stats_path), False
-    merged: dict[str, Any] = {}
+    files = []
     for src in sources:
         found = find_stats(src.reader.path)
         if found is None:
@@ -238,8 +251,86 @@ def _load_stats(cfg: DataConfig, sources: Sequence[Source]) -> tuple[StatsFile, 
                 f"No normalization stats for dataset {src.name!r} (looked at {looked}). "
                 f"Run 'vla data stats {src.reader.path}' (or set data.stats_path, or data.normalize=false)."
             )
-        merged.update(StatsFile.load(found).stats)
-    return StatsFile(stats=merged), len(sources) > 1
+        files.append(found)
+    if len(sources) == 1:
+        return StatsFile.load(files[0]), False
+    return _merge_dataset_stats(sources, files), True
+
+
+def _merge_dataset_stats(sources: Sequence[Source], files: Sequence[Path]) -> StatsFile:
+    """One ``StatsFile`` from each dataset's own stats file, exact per dataset.
+
+    Each dataset ``D`` of embodiment ``E`` gets ``"E@D"``: its file's ``"E@D"`` entry, else its file's ``"E"``
+    entry (the file describes that one dataset, e.g. after the dataset folder was renamed), and is normalized
+    with it. The embodiment-wide ``"E"`` key is kept only when every dataset of ``E`` got identical stats.
+
+    Otherwise ``"E"`` is dropped, with a warning, rather than raising: per-dataset stats are exact for each
+    dataset and are what per-dataset normalization is for, whereas an ``"E"`` taken from one file would
+    misnormalize the other datasets, and a joint one cannot be merged exactly from finished stats (quantiles
+    do not combine). What needs one normalization per embodiment (serving an ``E`` checkpoint, which knows no
+    dataset name) takes joint stats: ``vla data stats A B --out joint.json`` and
+    ``data.stats_path=joint.json``. Two datasets with the same name but different stats are an error: the
+    normalizer tells datasets apart by name only.
+    """
+    from vla.data.normalize import FIELDS, StatsFile
+
+    loaded = {p: StatsFile.load(p) for p in dict.fromkeys(files)}
+    paths = " ".join(str(s.reader.path) for s in sources)
+    fix = f"'vla data stats {paths} --out joint.json' then data.stats_path=joint.json"
+    merged = StatsFile()
+    owner: dict[str, Path] = {}  # "E@D" -> the file it came from
+    by_embodiment: dict[str, list[tuple[str, Path]]] = {}
+    for src, path in zip(sources, files):
+        stats, emb = loaded[path].stats, src.keymap.embodiment
+        key = StatsFile.key(emb, src.name)
+        entry = {f: (stats.get(key) or {}).get(f) or (stats.get(emb) or {}).get(f) for f in FIELDS}
+        if missing := [f for f, v in entry.items() if v is None]:
+            raise ValueError(
+                f"{path}: no {missing} stats for dataset {src.name!r} (neither '{key}' nor '{emb}'; it has "
+                f"{sorted(stats)}). Run 'vla data stats {src.reader.path}'."
+            )
+        if key in merged.stats and not _same_stats(merged.stats[key], entry):
+            raise ValueError(
+                f"datasets {src.name!r} from {owner[key]} and {path} share the name {src.name!r} but have "
+                f"different stats, so the loader cannot normalize each with its own. Use joint stats: {fix}."
+            )
+        merged.stats[key], owner[key] = entry, path
+        by_embodiment.setdefault(emb, []).append((key, path))
+    for emb, used in by_embodiment.items():
+        first = merged.stats[used[0][0]]
+        if all(_same_stats(merged.stats[k], first) for k, _ in used):
+            merged.stats[emb] = first
+        else:
+            log.warning(
+                "datasets of embodiment %r have different stats (%s): each is normalized with its own "
+                "'%s@<dataset>' stats and there is no embodiment-wide '%s' entry. For one normalization per "
+                "embodiment use joint stats: %s.",
+                emb,
+                ", ".join(str(p) for _, p in used),
+                emb,
+                emb,
+                fix,
+            )
+    merged.sources = [s for sf in loaded.values() for s in sf.sources]
+    return merged
+
+
+def _same_stats(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two ``{field: NormStats}`` entries are identical (NaN equal to NaN)."""
+    return a.keys() == b.keys() and all(
+        json.dumps(a[f].to_dict(), sort_keys=True) == json.dumps(b[f].to_dict(), sort_keys=True) for f in a
+    )
+
+
+def _stats_keys(stats: StatsFile, sources: Sequence[Source], per_dataset: bool) -> dict[str, dict[str, str]]:
+    """Dataset name -> ``{"state": key, "action": key}``: the stats key each dataset is normalized with."""
+    return {
+        src.name: {
+            f: stats.resolve_key(src.keymap.embodiment, f, src.name if per_dataset else None)
+            for f in ("state", "action")
+        }
+        for src in sources
+    }
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -299,10 +390,11 @@ def build_loader(
             )
     embodiments = sorted({src.keymap.embodiment for src in sources})
     specs = {e: get_embodiment(e) for e in embodiments}
-    normalize = None
+    normalize, stats, stats_keys = None, None, {}
     if cfg.normalize:
         stats, per_dataset = _load_stats(cfg, sources)
         normalize = make_normalize_fn(stats, specs, per_dataset=per_dataset)
+        stats_keys = _stats_keys(stats, sources, per_dataset)
     ids = embodiment_ids or {e: i for i, e in enumerate(embodiments)}
     dataset = WindowDataset(
         sources,
@@ -311,4 +403,13 @@ def build_loader(
         train=train,
         chunk_lengths={e: s.chunk_length for e, s in specs.items()},
     )
-    return VLALoader(dataset, cfg, ids, rank=rank, world_size=world_size, stream=stream)
+    return VLALoader(
+        dataset,
+        cfg,
+        ids,
+        rank=rank,
+        world_size=world_size,
+        stream=stream,
+        stats=stats,
+        stats_keys=stats_keys,
+    )
