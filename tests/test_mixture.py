@@ -297,3 +297,18 @@ def test_resolved_mixture_sampler_balances_by_size(tmp_path: Path) -> None:
     s = r.sampler([100, 300], seed=0)
     np.testing.assert_allclose(s.probs, [0.25, 0.75])
     np.testing.assert_allclose(r.sampler([100, 300], balance_by_size=False).probs, [0.5, 0.5])
+
+
+def test_sim_fraction_splits_the_mass_between_sim_and_real() -> None:
+    from vla.data.mixture import split_by_kind
+    from vla.data.mixture_sampler import MixtureError
+
+    probs = np.array([0.5, 0.3, 0.1, 0.1])  # real, real, sim, sim
+    out = split_by_kind(probs, ["real", "real", "sim", "sim"], 0.5, "m")
+    np.testing.assert_allclose(out, [0.3125, 0.1875, 0.25, 0.25])  # each group keeps its internal proportions
+    np.testing.assert_allclose(split_by_kind(probs, ["real"] * 2 + ["sim"] * 2, 0.0, "m")[2:], 0.0)
+    with pytest.raises(MixtureError, match=r"sim_fraction=0\.3 asks for sim samples but no sim dataset"):
+        split_by_kind(probs[:2] / probs[:2].sum(), ["real", "real"], 0.3, "m")
+    mix = get_mixture("oxe_droid_sim")
+    assert {e.kind for e in mix.datasets} == {"real", "sim"}
+    assert {e.name for e in mix.datasets if e.kind == "sim"} == {e.name for e in get_mixture("sim_mix").datasets}

@@ -97,6 +97,9 @@ class DataConfig:
     data_root: str = "data"
     allow_missing: bool = False
     balance_by_size: bool | None = None  # None = the mixture file's setting
+    sim_fraction: float | None = (
+        None  # share of samples from the mixture's `kind: sim` entries (None = weights)
+    )
     split: str = "train"
     obs_history: int = 1
     chunk_length: int = 10
@@ -115,6 +118,14 @@ class DataConfig:
         _require(
             bool(self.datasets) != bool(self.mixture),
             "data: set exactly one of data.datasets or data.mixture",
+        )
+        _require(
+            self.sim_fraction is None or 0.0 <= self.sim_fraction <= 1.0,
+            f"data.sim_fraction must be in [0, 1] or null, got {self.sim_fraction}",
+        )
+        _require(
+            self.sim_fraction is None or bool(self.mixture),
+            "data.sim_fraction needs data.mixture (it splits a mixture's entries by kind: sim vs real)",
         )
         _require(self.obs_history >= 1, f"data.obs_history must be >= 1, got {self.obs_history}")
         _require(

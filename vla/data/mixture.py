@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +174,7 @@ class ResolvedMixture:
     datasets: list[ResolvedDataset]
     dropped: list[str] = field(default_factory=list)
     message: str = ""
+    sim_fraction: float | None = None
 
     @property
     def names(self) -> list[str]:
@@ -181,15 +183,36 @@ class ResolvedMixture:
     def weights(self, sizes: Sequence[int] | None = None, balance_by_size: bool | None = None) -> np.ndarray:
         """Sampling probabilities float64 ``[N]`` (``sizes`` required when balancing by size)."""
         bal = self.mixture.balance_by_size if balance_by_size is None else balance_by_size
-        return mixture_weights(
+        probs = mixture_weights(
             [d.weight for d in self.datasets], sizes, balance_by_size=bal, names=self.names
         )
+        if self.sim_fraction is None:
+            return probs
+        return split_by_kind(probs, [d.kind for d in self.datasets], self.sim_fraction, self.mixture.name)
 
     def sampler(
         self, sizes: Sequence[int], *, balance_by_size: bool | None = None, **kw: Any
     ) -> MixtureSampler:
         """A ``MixtureSampler`` over these datasets; ``sizes[i]`` = number of samples of dataset ``i``."""
         return MixtureSampler(self.names, self.weights(sizes, balance_by_size), sizes, **kw)
+
+
+def split_by_kind(probs: np.ndarray, kinds: Sequence[str], sim_fraction: float, name: str) -> np.ndarray:
+    """``probs`` rescaled so the ``sim`` entries together have ``sim_fraction`` of the mass and the ``real`` ones
+    the rest, each group keeping its internal proportions."""
+    sim = np.array([k == "sim" for k in kinds])
+    out = probs.astype(np.float64).copy()
+    for group, share in ((sim, sim_fraction), (~sim, 1.0 - sim_fraction)):
+        total = math.fsum(out[group])
+        if share > 0 and total <= 0:
+            which = "sim" if group is sim else "real"
+            raise MixtureError(
+                f"mixture {name!r}: data.sim_fraction={sim_fraction} asks for {which} samples but no {which} "
+                "dataset of it was found; generate or download them, or change data.sim_fraction"
+            )
+        if total > 0:
+            out[group] *= share / total
+    return out
 
 
 def _find(entry: MixtureEntry, roots: Sequence[Path]) -> tuple[tuple[Path, str] | None, list[str]]:
@@ -229,6 +252,7 @@ def resolve_mixture(
     data_root: str | Path | Sequence[str | Path],
     *,
     allow_missing: bool = False,
+    sim_fraction: float | None = None,
 ) -> ResolvedMixture:
     """Find every dataset of a mixture under ``data_root`` (one folder or several, searched in order).
 
@@ -258,7 +282,7 @@ def resolve_mixture(
             + ("" if not found else ", or pass allow_missing=True to train without them")
             + "."
         )
-    out = ResolvedMixture(mix, found, dropped=[e.name for e, _ in missing])
+    out = ResolvedMixture(mix, found, dropped=[e.name for e, _ in missing], sim_fraction=sim_fraction)
     if missing:
         w = mixture_weights([d.weight for d in found])
         out.message = (
