@@ -37,23 +37,34 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """What the loader needs from the checkpoint to build a sample exactly as in training."""
+    """What the loader needs from the checkpoint to build a sample exactly as in training: image size, chunk
+    length, observation history, whether (and with which clip) state/action were normalized, and the datasets
+    normalized with their own ``"<embodiment>@<dataset>"`` stats instead of the embodiment's."""
 
     image_size: int
     chunk_length: int
     obs_history: int
+    normalize: bool = True
+    clip: float | None = None
+    per_dataset: frozenset[str] = frozenset()
 
 
 def checkpoint_preprocessing(model: FlowVLA, embodiment: str) -> Preprocessing:
-    """The checkpoint's preprocessing for ``embodiment``: ``model.preprocessing`` (saved with the weights) when
-    the checkpoint has it, else the model config's backbone image size and the embodiment's chunk length."""
+    """The checkpoint's preprocessing for ``embodiment``: ``model.preprocessing`` (``preprocessing.json``, written
+    by ``vla train``) when the checkpoint has it, else the backbone's image size and the embodiment's chunk length
+    with embodiment-wide stats."""
     saved: dict[str, Any] = getattr(model, "preprocessing", None) or {}
     # The chunk the model predicts for this embodiment: min(spec.chunk_length, model.chunk_length).
     horizon = int(model.chunk_lengths[model.embodiment_ids[embodiment]])
+    stats_keys: dict[str, dict[str, str]] = saved.get("stats_keys") or {}
+    own = frozenset(name for name, keys in stats_keys.items() if keys.get("action") == f"{embodiment}@{name}")
     return Preprocessing(
         image_size=int(saved.get("image_size") or model.backbone.image_size),
         chunk_length=min(int(saved.get("chunk_length") or horizon), horizon),
         obs_history=int(saved.get("obs_history") or 1),
+        normalize=bool(saved.get("normalize", True)),
+        clip=saved.get("clip"),
+        per_dataset=own,
     )
 
 
@@ -79,10 +90,12 @@ def predict_frame(
     _check_episode_frame(reader, split, episode, frame)
     source = _source(reader, split)
     embodiment = source.keymap.embodiment
-    _check_model_covers(model, ckpt, embodiment, reader.path)
+    _check_embodiment(model, ckpt, embodiment, reader.path)
     pre = checkpoint_preprocessing(model, embodiment)
+    if pre.normalize:
+        _check_stats(model, ckpt, embodiment, reader.path)
     cfg = _data_config(reader.path, split, pre)
-    sample, recorded, is_pad = _window(model, source, cfg, episode, frame)
+    sample, recorded, is_pad = _window(model, source, cfg, pre, episode, frame)
 
     from vla.data.collate import collate
     from vla.data.normalize import Unnormalizer
@@ -90,9 +103,11 @@ def predict_frame(
     batch = collate([sample], model.embodiment_ids)
     spec = model.spec(embodiment)
     generator = torch.Generator().manual_seed(seed)
-    normalized = model.sample_actions(batch, num_steps=num_steps, generator=generator)  # [1, H_max, A_max]
-    chunk = normalized[0, : pre.chunk_length, : spec.action_dim].double().numpy()  # [H, A]
-    actions = Unnormalizer.from_spec(model.norm_stats, spec, "action")(chunk)
+    predicted = model.sample_actions(batch, num_steps=num_steps, generator=generator)  # [1, H_max, A_max]
+    actions = predicted[0, : pre.chunk_length, : spec.action_dim].double().numpy()  # [H, A]
+    if pre.normalize:  # model units -> the robot's
+        dataset_key = source.name if source.name in pre.per_dataset else None
+        actions = Unnormalizer.from_spec(model.norm_stats, spec, "action", dataset=dataset_key)(actions)
     return {
         "checkpoint": str(ckpt),
         "dataset": str(reader.path),
@@ -140,22 +155,28 @@ def _source(reader: Any, split: str) -> Source:
     return build_source(reader, split)
 
 
-def _check_model_covers(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:
-    """The model must have a slot and normalization stats for the dataset's embodiment."""
-    from vla.data.norm_stats import StatsError
-
+def _check_embodiment(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:
     if embodiment not in model.embodiment_ids:
         raise ValueError(
             f"{dataset} is embodiment {embodiment!r}, but checkpoint {ckpt} has embodiments "
             f"{sorted(model.embodiment_ids)}. Fine-tune it on this dataset first ('vla finetune {ckpt} {dataset}' "
             "adds the embodiment), or pass a dataset of one of its embodiments."
         )
+
+
+def _check_stats(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:
+    """The checkpoint must carry the stats that turn its outputs into the embodiment's units."""
+    from vla.data.norm_stats import StatsError
+
+    fix = (
+        f"Run 'vla data stats {dataset}' and write the checkpoint with them ('vla model init <config> "
+        f"--embodiment {embodiment} --stats-from {dataset}'); 'vla train' and 'vla finetune' save the stats they "
+        "trained with."
+    )
     if model.norm_stats is None:
         raise ValueError(
             f"checkpoint {ckpt} has no normalization stats (no norm_stats.json), so its outputs cannot be turned "
-            f"into {embodiment!r} units. Run 'vla data stats {dataset}' and write the checkpoint with them "
-            f"('vla model init <config> --embodiment {embodiment} --stats-from {dataset}'; 'vla train' saves them "
-            "itself)."
+            f"into {embodiment!r} units. {fix}"
         )
     for field in ("state", "action"):
         try:
@@ -163,9 +184,7 @@ def _check_model_covers(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Pa
         except StatsError:
             raise ValueError(
                 f"checkpoint {ckpt}: its norm_stats.json has no stats for '{embodiment}/{field}' (it has "
-                f"{sorted(model.norm_stats.stats)}). Run 'vla data stats {dataset}' and write the checkpoint "
-                f"with them ('vla model init <config> --embodiment {embodiment} --stats-from {dataset}'), or "
-                "fine-tune it on this dataset ('vla finetune'), which saves the stats it trained with."
+                f"{sorted(model.norm_stats.stats)}). {fix}"
             ) from None
 
 
@@ -184,15 +203,19 @@ def _data_config(path: Path, split: str, pre: Preprocessing) -> DataConfig:
 
 
 def _window(
-    model: FlowVLA, source: Source, cfg: DataConfig, episode: int, frame: int
+    model: FlowVLA, source: Source, cfg: DataConfig, pre: Preprocessing, episode: int, frame: int
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """The normalized sample at raw ``frame`` (what the model sees) and the same window's recorded actions
-    ``[H, A]`` in the dataset's units with its padding mask ``[H]``, both through ``WindowDataset``."""
+    """The sample at raw ``frame`` as the model sees it (normalized with the checkpoint's stats) and the same
+    window's recorded actions ``[H, A]`` in the dataset's units with its padding mask ``[H]``, both through
+    ``WindowDataset``."""
     from vla.data.normalize import make_normalize_fn
     from vla.data.windows import WindowDataset
 
     embodiment = source.keymap.embodiment
-    normalize = make_normalize_fn(model.norm_stats, {embodiment: model.spec(embodiment)})
+    normalize = None
+    if pre.normalize:
+        specs = {embodiment: model.spec(embodiment)}
+        normalize = make_normalize_fn(model.norm_stats, specs, clip=pre.clip, per_dataset=pre.per_dataset)
     normalized = WindowDataset([source], cfg, normalize=normalize, train=False)
     raw = WindowDataset([source], cfg, normalize=None, train=False)
     std = raw.episode(0, episode)
