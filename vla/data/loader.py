@@ -368,7 +368,9 @@ def build_loader(
     if cfg.mixture:
         from vla.data.mixture import resolve_mixture
 
-        resolved = resolve_mixture(cfg.mixture, cfg.data_root, allow_missing=cfg.allow_missing)
+        resolved = resolve_mixture(
+            cfg.mixture, cfg.data_root, allow_missing=cfg.allow_missing, sim_fraction=cfg.sim_fraction
+        )
         if resolved.message:
             log.warning("%s", resolved.message)
         sources = [
