@@ -241,3 +241,29 @@ def test_resume_refuses_incompatible_and_warns_on_compatible(
 def test_image_size_mismatch_is_an_error(wx: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data.image_size=32 but the model's vision tower reads 64 px"):
         train(load_train_config("debug", _args(wx, "data.image_size=32")), tmp_path / "r")
+
+
+def test_ema_validation_and_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EMA weights at the top level (raw ones in train_state), a validation loss on the dataset's val split,
+    and a wandb run written offline into the run folder."""
+    ds = tiny_dataset(tmp_path, "wx_val")
+    info = ds / "meta" / "info.json"
+    meta = json.loads(info.read_text())
+    meta["splits"] = {"train": "0:3", "val": "3:4"}  # episode 3 held out
+    info.write_text(json.dumps(meta))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    over = _args(ds, "ema.decay=0.5", "train.val_every=2", "train.val_batches=2", "logging.wandb=true")
+    result = train(load_train_config("debug", over), run)
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    vals = [e for e in events if e.get("event") == "validation"]
+    assert [v["step"] for v in vals] == [2, 4] and all(v["val_loss"] > 0 for v in vals)
+    assert list((run / "wandb").glob("offline-run-*")), "no offline wandb run written"
+    top = weights(result.last_checkpoint)
+    raw = {
+        k.removeprefix(".model."): v
+        for k, v in _optim_state(result.last_checkpoint).items()
+        if k.startswith(".model.")
+    }
+    trainable = [k for k in raw if k in top]
+    assert trainable and any(not torch.equal(top[k], raw[k]) for k in trainable)  # EMA != raw weights

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def _init_wandb(cfg: LoggingConfig, run_dir: Path, config: dict[str, Any]) -> An
     import wandb
 
     id_file = run_dir / "wandb_id"
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id)
     mode = os.environ.get("WANDB_MODE")
     if mode is None:

@@ -39,6 +39,9 @@ from vla.types import Batch
 
 log = logging.getLogger(__name__)
 
+#: the "step" whose flow noise validation uses (fixed, and never a training step: those stay below 10**7)
+_VALIDATION_STEP = 2**32
+
 
 class ResumeError(ValueError):
     """The run folder holds a run this config cannot continue; the message names each field, old -> new."""
@@ -372,7 +375,7 @@ class Trainer:
         for i, batch in enumerate(self.val_loader):
             if i >= self.cfg.train.val_batches:
                 break
-            t, noise = self._flow_inputs(batch, -1)
+            t, noise = self._flow_inputs(batch, _VALIDATION_STEP)
             with self.rt.autocast(self.cfg.train.precision):
                 terms = self.wrapped(batch, noise=noise, time=t)
             total += torch.stack([terms.err.sum().float().cpu(), terms.weight.sum().float().cpu()])
