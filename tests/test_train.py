@@ -267,3 +267,25 @@ def test_ema_validation_and_wandb_offline(tmp_path: Path, monkeypatch: pytest.Mo
     }
     trainable = [k for k in raw if k in top]
     assert trainable and any(not torch.equal(top[k], raw[k]) for k in trainable)  # EMA != raw weights
+
+
+@pytest.mark.parametrize(
+    "preset", ["oxe_magic_soup_smolvlm2_500m", "oxe_droid_sim_smolvlm2_500m", "droid_paligemma2_3b"]
+)
+def test_real_backbone_presets_build_on_meta_and_report_counts(preset: str) -> None:
+    """The cluster presets cannot run here (no weights), but they parse, build on the meta device from the
+    published HF configs, and report parameter counts and a memory plan (`vla train PRESET --dry-run`)."""
+    r = run_cli(["train", preset, "--run-dir", "unused", "--dry-run", "--gpus", "8"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    plan = json.loads(r.stdout)
+    counts = plan["parameters"]
+    if "smolvlm2" in preset:  # SmolVLM2-500M: SigLIP-B/16 at 512 px + 16 of SmolLM2's 32 layers, frozen
+        assert 95e6 < counts["vision"]["total"] < 100e6 and 190e6 < counts["language"]["total"] < 210e6
+        assert counts["vision"]["trainable"] == counts["language"]["trainable"] == 0
+        assert 95e6 < counts["expert"]["trainable"] < 105e6  # 720 wide x 16 layers, as SmolVLA's expert
+    else:  # PaliGemma2-3B: SigLIP So400m + Gemma2-2B (26 layers), trained end to end
+        assert 410e6 < counts["vision"]["total"] < 420e6 and 2.5e9 < counts["language"]["total"] < 2.6e9
+        assert counts["all"]["trainable"] == counts["all"]["total"]
+    ddp, fsdp = plan["memory_per_gpu_gib"]
+    assert fsdp["total_gib"] < ddp["total_gib"] / 4  # sharded over 8 GPUs
+    assert len(plan["embodiments"]) >= 1

@@ -243,6 +243,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = load_train_config(args.config, args.overrides)
+    if args.dry_run:
+        from vla.train.plan import dry_run, mixture_embodiments
+
+        names = args.embodiment or mixture_embodiments(cfg) or ["widowx_bridge"]
+        _print_json(dry_run(cfg, names, gpus=args.gpus))
+        return 0
     result = train(cfg, args.run_dir)
     if result.last_checkpoint is not None and int(os.environ.get("RANK", "0")) == 0:
         print(f"done: step {result.step}, checkpoint {result.last_checkpoint}")
@@ -410,6 +416,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="dotted override, repeatable (e.g. --set train.steps=100 --set data.datasets=[data/x])",
+    )
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (model built on the meta device: parameter counts, global batch, training memory "
+        "per GPU under DDP and FSDP2) as JSON and exit; reads no data or weights",
+    )
+    s.add_argument("--gpus", type=int, default=8, help="with --dry-run: GPUs the memory plan shards over")
+    s.add_argument(
+        "--embodiment", action="append", help="with --dry-run: embodiment table (default: the mixture's)"
     )
     s.set_defaults(fn=cmd_train)
 

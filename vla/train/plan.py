@@ -1,0 +1,111 @@
+"""``vla train ... --dry-run``: what a run would be, without data or weights — the model built on the meta device
+(parameter counts), the global batch, and the training memory per GPU under DDP and FSDP2 computed from the
+parameter counts (weights, gradients, AdamW moments, EMA; activations come on top and depend on batch, images
+and gradient checkpointing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vla.train.config import TrainConfig
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU of training state (no activations)."""
+
+    strategy: str
+    gpus: int
+    weights: float
+    grads: float
+    optimizer: float
+    ema: float
+    working_set: float  # FSDP2: one decoder layer gathered (plus the next, prefetched)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.ema + self.working_set
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: round(v / GIB, 2) for k, v in vars(self).items() if isinstance(v, float)}
+        return {"strategy": self.strategy, "gpus": self.gpus, **out, "total_gib": round(self.total / GIB, 2)}
+
+
+def memory_plan(
+    total: int, trainable: int, *, gpus: int, strategy: str, ema: bool, largest_layer: int = 0
+) -> MemoryPlan:
+    """Training-state bytes per GPU: float32 master weights (4 B/param), float32 gradients (4 B/trainable param;
+    DDP keeps a second copy in its all-reduce buckets), AdamW's two float32 moments (8 B/trainable param), an
+    optional float32 EMA copy (4 B/trainable param). FSDP2 divides all of it by the number of GPUs and adds the
+    gathered working set of two layers."""
+    ema_bytes = 4.0 * trainable if ema else 0.0
+    if strategy == "fsdp2":
+        shard = 1.0 / gpus
+        return MemoryPlan(
+            "fsdp2",
+            gpus,
+            4.0 * total * shard,
+            4.0 * trainable * shard,
+            8.0 * trainable * shard,
+            ema_bytes * shard,
+            2 * 4.0 * largest_layer,
+        )
+    return MemoryPlan("ddp", gpus, 4.0 * total, 8.0 * trainable, 8.0 * trainable, ema_bytes, 0.0)
+
+
+def mixture_embodiments(cfg: TrainConfig) -> list[str]:
+    """The embodiments a run's data would bring, from the mixture's registered key maps (sim datasets by their
+    robot's sim spec) — known without opening any dataset."""
+    from vla.data.keymaps import KEYMAPS
+    from vla.data.mixture import get_mixture
+    from vla.embodiments import EMBODIMENTS
+
+    if not cfg.data.mixture:
+        return []
+    names = set()
+    for entry in get_mixture(cfg.data.mixture).datasets:
+        if entry.name in KEYMAPS.names():
+            names.add(KEYMAPS.get(entry.name).embodiment)
+        elif entry.kind == "sim":  # sim_<robot>_<task>, as `vla sim generate` names them
+            from vla.sim.tasks import TASKS
+
+            task = next((t for t in TASKS.names() if entry.name.endswith(f"_{t}")), None)
+            robot = entry.name.removeprefix("sim_").removesuffix(f"_{task}") if task else ""
+            spec = f"sim_{robot}" if robot != "procedural" else "sim_procedural_6dof"
+            if spec in EMBODIMENTS.names():
+                names.add(spec)
+    return sorted(names)
+
+
+def dry_run(cfg: TrainConfig, embodiments: list[str], *, gpus: int = 8) -> dict[str, Any]:
+    """The plan of ``cfg`` for ``embodiments`` on ``gpus`` GPUs per replica group (nothing is loaded)."""
+    from vla.embodiments import get_embodiment
+    from vla.models.meta import build_on_meta
+    from vla.models.published import published_config
+
+    try:
+        hf_config = published_config(cfg.model.backbone.pretrained)
+    except (KeyError, ValueError):
+        hf_config = None  # a local folder, a tiny preset or a cached hub id: build_on_meta reads its config
+    model = build_on_meta(cfg.model, [get_embodiment(n) for n in embodiments], hf_config=hf_config)
+    counts = model.parameter_counts()
+    layer = max(
+        (sum(p.numel() for p in m.parameters()) for m in (*model.backbone.layers, *model.expert.layers)),
+        default=0,
+    )
+    total, trainable = counts["all"]["total"], counts["all"]["trainable"]
+    plans = [
+        memory_plan(total, trainable, gpus=gpus, strategy=s, ema=cfg.ema.decay > 0, largest_layer=layer)
+        for s in ("ddp", "fsdp2")
+    ]
+    return {
+        "model": cfg.model.backbone.pretrained,
+        "embodiments": embodiments,
+        "parameters": counts,
+        "global_batch_per_gpu_count": {n: cfg.data.batch_size * n * cfg.train.grad_accum for n in (1, 8, 32)},
+        "memory_per_gpu_gib": [p.as_dict() for p in plans],
+        "strategy": cfg.distributed.strategy,
+    }
