@@ -240,7 +240,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vla.train.trainer import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
+    for noisy in ("httpx", "urllib3", "transformers", "accelerate", "OpenGL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = load_train_config(args.config, args.overrides)
     if args.dry_run:

@@ -3,7 +3,8 @@
 The tour: write a small two-robot dataset with our LeRobot v3 writer (plus an RLDS export in the DROID layout),
 inspect it, validate it, compute normalization stats, convert the RLDS export to LeRobot, render a preview, stream
 mixed-embodiment training batches through the loader, then build the VLA (a tiny SmolVLM backbone of the real
-classes, built locally), take a few optimizer steps on those batches, sample action chunks and save a checkpoint;
+classes, built locally), train it 12 steps with the real trainer (`vla train debug`: a resumable run folder with a
+step checkpoint) and sample action chunks from that checkpoint;
 finally generate two domain-randomized simulation episodes with a scripted expert and load them.
 It ends by saying which parts of the pipeline are not built yet.
 """
@@ -133,7 +134,8 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     print(f"loader state after 5 batches: {loader.state_dict()['batches_done']} batches done (resumable)")
 
     _say(
-        "9. model: tiny SmolVLM backbone + flow-matching expert + per-embodiment heads (vla model init/info)"
+        "9. model: tiny SmolVLM backbone + flow-matching expert + per-embodiment heads (vla model init),"
+        " trained with vla train (the debug preset)"
     )
     import torch
 
@@ -143,27 +145,36 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     model = from_pretrained(ckpt)
     counts = model.parameter_counts()["all"]
     print(f"wrote {ckpt}: {counts['total']:,} parameters ({counts['trainable']:,} trainable)")
+    from vla.train.config import load_train_config
+    from vla.train.trainer import train
+
+    run = train(
+        load_train_config(
+            "debug",
+            [
+                f"data.datasets=[{widowx},{droid}]",
+                "data.batch_size=8",
+                "train.steps=12",
+                "train.save_every=12",
+                "optim.lr=1e-3",
+                "optim.warmup_steps=2",
+                "logging.every=4",
+                "logging.progress=true",
+            ],
+        ),
+        work / "runs" / "debug",
+    )
+    model = from_pretrained(run.last_checkpoint).eval()
+    print(
+        f"vla train debug: {run.step} steps, final loss {run.final_loss:.3f}; checkpoint {run.last_checkpoint}"
+    )
     cfg = load_config(
         DataConfig,
         {"datasets": [str(widowx), str(droid)], "batch_size": 8, "chunk_length": 8, "image_size": 64},
     )
-    loader = build_loader(cfg, embodiment_ids=model.embodiment_ids)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    model.train()
-    for step, batch in enumerate(loader):
-        loss, metrics = model.loss(batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 4 == 0:
-            print(f"step {step:2d}  " + "  ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
-        if step == 11:
-            break
-    model.eval()
+    batch = next(iter(build_loader(cfg, embodiment_ids=model.embodiment_ids)))
     actions = model.sample_actions(batch, generator=torch.Generator().manual_seed(0))
     print(f"sampled action chunks {list(actions.shape)} (10 Euler steps, prefix computed once)")
-    saved = model.save_pretrained(work / "model_trained")
-    print(f"saved {saved} (model card: {saved / 'README.md'})")
 
     _say(
         "10. simulation: MuJoCo WidowX, language task, scripted expert, medium randomization (vla sim generate)"
@@ -198,8 +209,10 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
 
     _say("not built yet")
     print(
-        "the training loop (accelerate, LoRA, checkpoints/resume), serving and closed-loop evaluation are open"
+        "LoRA fine-tuning for a new body (vla finetune), serving (vla serve) and closed-loop evaluation (vla eval)"
     )
-    print("issues; this tour will grow into pretrain -> fine-tune -> serve -> evaluate as they land.")
+    print(
+        "are open issues; this tour will grow into pretrain -> fine-tune -> serve -> evaluate as they land."
+    )
     print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; outputs in {work}")
     return 0
