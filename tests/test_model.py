@@ -325,7 +325,20 @@ def test_compiled_expert_matches_eager() -> None:
 
 def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None:
     """prepare_inference(compile=True) freezes weights into the compiled graphs: changed weights must never be
-    served from them (train() drops them; a second prepare_inference and any in-place update recompile)."""
+    served from them (train() drops them; a second prepare_inference and any in-place update recompile). Dropping
+    them leaves every other compiled function of the process its graphs (e.g. a compiled training step)."""
+    graphs = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=counting_backend)
+    def unrelated(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) * 2
+
+    unrelated(torch.ones(3))
+    assert len(graphs) == 1
     m = tiny_model("smolvlm", seed=0)
     batch = synthetic_batch(m)
     original = {k: v.clone() for k, v in m.state_dict().items()}
@@ -356,6 +369,8 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
     torch.testing.assert_close(sample(m), ref, atol=1e-4, rtol=1e-4)
     m.prepare_inference("float32")  # not compiled any more, the backbone included
     assert m._serving_step is None and m.backbone._run_layers == m.backbone.run_layers
+    unrelated(torch.ones(3))
+    assert len(graphs) == 1  # compiled once, still cached through every serving (re)compile and drop
 
 
 def test_bf16_inference_is_close_to_fp32() -> None:
@@ -531,11 +546,13 @@ def test_smolvlm_image_size_must_pixel_shuffle_evenly() -> None:
 
 @pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])
 def test_hand_driven_decoder_layer_equals_the_hf_layer(family: str) -> None:
-    """vla.models.attention runs HF layers by hand (SDPA, Gemma2 sandwich norms and logit soft-capping): same
-    output as the layer's own eager forward under the same mask."""
+    """vla.models.attention's forward of a HF layer (SDPA, Gemma2 sandwich norms and logit soft-capping): same
+    output as the layer's own eager forward under the same mask, with the same parameters."""
+    import copy
+
     from transformers import AutoModelForImageTextToText
 
-    from vla.models.attention import decoder_layer
+    from vla.models.attention import shared_kv
     from vla.models.tiny import tiny_backbone_path
 
     hf = AutoModelForImageTextToText.from_pretrained(tiny_backbone_path(family), attn_implementation="eager")
@@ -553,8 +570,10 @@ def test_hand_driven_decoder_layer_equals_the_hf_layer(family: str) -> None:
     mask = (valid[:, None, :] | torch.eye(10, dtype=torch.bool)[None]).unsqueeze(1)
     positions = torch.arange(10)[None].expand(2, -1)
     cos, sin = text.rotary_emb(h, positions)
+    ours_layer = shared_kv(copy.deepcopy(layer))
+    assert dict(ours_layer.named_parameters()).keys() == dict(layer.named_parameters()).keys()
     with torch.no_grad():
-        ours, _ = decoder_layer(layer, h, cos, sin, mask)
+        ours, _ = ours_layer(h, cos, sin, mask)
         additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
         theirs = layer(h, attention_mask=additive, position_embeddings=(cos, sin), position_ids=positions)
     torch.testing.assert_close(ours, theirs[0] if isinstance(theirs, tuple) else theirs, atol=1e-5, rtol=1e-5)

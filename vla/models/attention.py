@@ -1,9 +1,15 @@
-"""Driving a Hugging Face decoder layer by hand, so prefix and action-expert tokens can share keys/values.
+"""Hugging Face decoder layers that share keys/values across token groups: the backbone's prefix and the action
+expert's suffix.
 
-Both the backbone's prefix pass and the expert's pass run the *same* HF layer modules (norms, q/k/v/o
-projections, MLP) through ``decoder_layer``; only the keys/values and the attention mask differ. Works for the
-Llama family (SmolVLM's text model), Gemma (PaliGemma) and Gemma2 (PaliGemma2: extra sandwich norms, attention
-logit soft-capping). Attention is SDPA (grouped-query without repeating K/V) unless soft-capping needs the
+Both passes run the HF layer *modules* (norms, q/k/v/o projections, MLP) with our own computation:
+``shared_kv(layer)`` turns a HF decoder layer into an instance of a small subclass of its own class
+(``SharedKV<HFClass>``, parameter names and state-dict keys unchanged) whose ``forward`` attends over other tokens'
+keys/values besides its own and also returns its own keys/values (``SharedKVLayer.forward``). Every layer runs
+through its module call, so module hooks fire: FSDP2's per-layer unshard/reshard (``vla.models.sharding``), and
+activation checkpointing wraps the layer's body inside ``forward``, under those hooks.
+
+Works for the Llama family (SmolVLM's text model), Gemma (PaliGemma) and Gemma2 (PaliGemma2: extra sandwich norms,
+attention logit soft-capping). Attention is SDPA (grouped-query without repeating K/V) unless soft-capping needs the
 explicit form.
 """
 
@@ -12,7 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from torch.utils.checkpoint import checkpoint
+from transformers.models.llama.modeling_llama import rotate_half
+
+KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 
 def check_window(text_config: object, length: int, where: str) -> None:
@@ -36,36 +45,9 @@ def _heads(x: torch.Tensor, proj: nn.Module, head_dim: int) -> torch.Tensor:
     return y.view(*x.shape[:2], -1, head_dim).transpose(1, 2)
 
 
-def qkv(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Queries ``[B, H, T, d]`` and RoPE-rotated keys / values ``[B, KV, T, d]`` of a normed input ``x``."""
-    attn = layer.self_attn
-    d = attn.head_dim
-    q, k, v = _heads(x, attn.q_proj, d), _heads(x, attn.k_proj, d), _heads(x, attn.v_proj, d)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    return q, k, v
-
-
-def attend(
-    layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Attention of ``q`` over ``k``/``v`` with boolean ``mask`` ``[B, 1, Tq, Tk]`` (True = may attend), then
-    the output projection: ``[B, Tq, hidden]``.
-
-    SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or faster: bf16 training
-    on CPU, where SDPA's flash backward costs ~3x the explicit form at the expert's shapes."""
-    attn = layer.self_attn
-    softcap = getattr(attn, "attn_logit_softcapping", None)
-    explicit = softcap or (
-        q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad and _bf16_cpu(q)
-    )
-    if explicit:
-        out = grouped_attention(q, k, v, mask, attn.scaling, softcap)
-    else:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
-        )
-    out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
-    return attn.o_proj(out)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``[B, heads, T, d]`` with angles ``[B, T, d]`` (HF's ``apply_rotary_pos_emb``, one tensor)."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 def _bf16_cpu(x: torch.Tensor) -> bool:
@@ -96,33 +78,128 @@ def grouped_attention(
     return torch.matmul(probs, v).view(b, h, t, d)
 
 
-def decoder_layer(
-    layer: nn.Module,
-    h: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    mask: torch.Tensor,
-    past: tuple[torch.Tensor, torch.Tensor] | None = None,
-    *,
-    keys_only: bool = False,
-) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
-    """One decoder layer on hidden states ``h`` ``[B, T, hidden]``.
+class SharedKVLayer(nn.Module):
+    """Mixed into a HF decoder layer class by ``shared_kv_class``: the layer's modules, our ``forward``.
 
-    ``past`` = (keys, values) ``[B, KV, P, d]`` of other tokens to attend to besides ``h``'s own (the prefix,
-    for the expert); ``mask`` ``[B, 1, T, P + T]`` covers both. Returns the new hidden states (None with
-    ``keys_only``: the caller only needs this layer's keys/values, e.g. the backbone's last layer) and this
-    layer's own (keys, values) ``[B, KV, T, d]``.
+    ``checkpoint_activations``: recompute the layer's body in backward instead of storing its activations
+    (training only). ``keys_values_only``: the layer was reduced to what its keys/values need
+    (``keep_keys_values_only``), so it can only run with ``keys_only=True``.
     """
-    x = layer.input_layernorm(h)
-    q, k, v = qkv(layer, x, cos, sin)
-    if keys_only:
-        return None, (k, v)
-    kk, vv = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)) if past is not None else (k, v)
-    a = attend(layer, q, kk, vv, mask)
-    if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma2: sandwich norms around attention and MLP
-        h = h + layer.post_attention_layernorm(a)
-        h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
-    else:
-        h = h + a
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return h, (k, v)
+
+    checkpoint_activations: bool = False
+    keys_values_only: bool = False
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: KeysValues | None = None,
+        *,
+        keys_only: bool = False,
+    ) -> tuple[torch.Tensor | None, KeysValues]:
+        """One decoder layer on hidden states ``h`` ``[B, T, hidden]`` with RoPE angles ``cos``/``sin`` ``[B, T, d]``.
+
+        ``past`` = (keys, values) ``[B, KV, P, d]`` of other tokens to attend to besides ``h``'s own (the prefix,
+        for the expert); boolean ``mask`` ``[B, 1, T, P + T]`` (True = may attend) covers both. Returns the new
+        hidden states (None with ``keys_only``: the caller only needs this layer's keys/values, e.g. the backbone's
+        last layer) and this layer's own (keys, values) ``[B, KV, T, d]``."""
+        if self.keys_values_only and not keys_only:
+            raise RuntimeError(
+                f"{type(self).__name__}: this layer keeps only its key/value projections (the backbone's last "
+                "layer); call it with keys_only=True"
+            )
+        if self.checkpoint_activations and self.training and torch.is_grad_enabled() and not keys_only:
+            return checkpoint(self._layer, h, cos, sin, mask, past, keys_only, use_reentrant=False)
+        return self._layer(h, cos, sin, mask, past, keys_only)
+
+    def _layer(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: KeysValues | None,
+        keys_only: bool,
+    ) -> tuple[torch.Tensor | None, KeysValues]:
+        attn = self.self_attn
+        x = self.input_layernorm(h)
+        k = _rope(_heads(x, attn.k_proj, attn.head_dim), cos, sin)
+        v = _heads(x, attn.v_proj, attn.head_dim)
+        if keys_only:
+            return None, (k, v)
+        q = _rope(_heads(x, attn.q_proj, attn.head_dim), cos, sin)
+        kk, vv = (
+            (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)) if past is not None else (k, v)
+        )
+        a = self._attend(q, kk, vv, mask)
+        if hasattr(self, "pre_feedforward_layernorm"):  # Gemma2: sandwich norms around attention and MLP
+            h = h + self.post_attention_layernorm(a)
+            h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        else:
+            h = h + a
+            h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, (k, v)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention of ``q`` over ``k``/``v`` with boolean ``mask`` ``[B, 1, Tq, Tk]``, then the output projection:
+        ``[B, Tq, hidden]``.
+
+        SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or faster: bf16
+        training on CPU, where SDPA's flash backward costs ~3x the explicit form at the expert's shapes."""
+        attn = self.self_attn
+        softcap = getattr(attn, "attn_logit_softcapping", None)
+        explicit = softcap or (
+            q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad and _bf16_cpu(q)
+        )
+        if explicit:
+            out = grouped_attention(q, k, v, mask, attn.scaling, softcap)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
+            )
+        out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+        return attn.o_proj(out)
+
+    def keep_keys_values_only(self) -> list[str]:
+        """Delete every submodule that computing this layer's keys/values never uses (query and output
+        projections, MLP, the norms after attention) and return the deleted parameters' names (relative to the
+        layer). For the backbone's last layer, whose hidden-state output nobody reads: its other weights would
+        never get a gradient (DDP without ``find_unused_parameters`` fails on them) and would be saved unused."""
+        keep = {self: {"input_layernorm", "self_attn"}, self.self_attn: {"k_proj", "v_proj"}}
+        dropped = []
+        for module, prefix in ((self, ""), (self.self_attn, "self_attn.")):
+            if module._parameters:
+                raise TypeError(
+                    f"{type(module).__name__} owns parameters directly; keys-only reduction unsupported"
+                )
+            for name, child in list(module.named_children()):
+                if name not in keep[module]:
+                    dropped += [f"{prefix}{name}.{n}" for n, _ in child.named_parameters()]
+                    delattr(module, name)
+        self.keys_values_only = True
+        return dropped
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def shared_kv_class(hf_class: type[nn.Module]) -> type[SharedKVLayer]:
+    """``SharedKV<HFClass>``: ``hf_class`` (its ``__init__``, modules and parameter names) with ``SharedKVLayer``'s
+    ``forward``. One class per HF class, made on first use (it is a subclass, the installed library is untouched)."""
+    if issubclass(hf_class, SharedKVLayer):
+        return hf_class
+    if hf_class not in _CLASSES:
+        cls = type(f"SharedKV{hf_class.__name__}", (SharedKVLayer, hf_class), {"__module__": __name__})
+        globals()[cls.__name__] = cls  # importable by name, so pickle and copy find the class
+        _CLASSES[hf_class] = cls
+    return _CLASSES[hf_class]
+
+
+def shared_kv(layer: nn.Module, *, checkpoint_activations: bool = False) -> SharedKVLayer:
+    """``layer`` (a loaded HF decoder layer) re-classed in place as ``shared_kv_class(type(layer))``: same object,
+    same parameters and state-dict keys."""
+    layer.__class__ = shared_kv_class(type(layer))
+    layer.checkpoint_activations = checkpoint_activations
+    return layer

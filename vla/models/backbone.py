@@ -4,7 +4,9 @@ It embeds the images of every present camera slot (absent slots are masked out, 
 tokens and a learned embodiment token into one prefix ``[B, P, D]``, runs the first ``num_vlm_layers`` language
 layers over it with bidirectional attention among valid prefix tokens, and returns every layer's keys/values
 ``[B, KV, P, d]``: the action expert's layer ``i`` attends to them (π0-style), so the prefix is computed once per
-observation and reused by every denoising step.
+observation and reused by every denoising step. The layers are the HF modules re-classed by
+``vla.models.attention.shared_kv`` (called as modules, so FSDP2 shards them one by one); the last one keeps only its
+key/value projections, the only part of it that is ever used (``unused_weights`` names what was dropped).
 
 Loaded with ``from_pretrained`` from a hub id or a local directory (SmolVLM/Idefics3: SmolVLM2-256M/500M;
 PaliGemma/PaliGemma2), or ``tiny:<family>[:<size>]`` for a small randomly initialised model of the same classes.
@@ -21,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from vla.models.attention import check_window, decoder_layer
+from vla.models.attention import check_window, shared_kv
+from vla.models.compiled import release
 from vla.models.config import BackboneConfig
 from vla.types import IMAGE_SLOTS
 
@@ -55,15 +57,8 @@ def load_hf_vlm(
             "tokenizer files, a hub id that is in your Hugging Face cache (downloads need network access), or "
             "'tiny:<family>' for a small local test model."
         ) from e
-    text = config.text_config
-    if num_layers > text.num_hidden_layers:
-        raise ValueError(
-            f"model.backbone.num_vlm_layers={num_layers} but {path} has {text.num_hidden_layers} language layers"
-        )
-    if 0 < num_layers < text.num_hidden_layers:
-        text.num_hidden_layers = num_layers
-        if getattr(text, "layer_types", None):
-            text.layer_types = list(text.layer_types)[:num_layers]
+    check_family(config, family, path)
+    keep_first_layers(config, num_layers, path)
     if weights:
         from transformers.utils import logging as hf_logging
 
@@ -89,6 +84,35 @@ def load_hf_vlm(
     else:  # float32 like the weights path: from_config would follow config.dtype (bfloat16 in many hub configs)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     return model, tokenizer
+
+
+def keep_first_layers(config: object, num_layers: int, where: str) -> None:
+    """Cut a HF VLM config (in place) to its first ``num_layers`` language layers (0 = all)."""
+    text = config.text_config
+    if num_layers > text.num_hidden_layers:
+        raise ValueError(
+            f"model.backbone.num_vlm_layers={num_layers} but {where} has {text.num_hidden_layers} language layers"
+        )
+    if 0 < num_layers < text.num_hidden_layers:
+        text.num_hidden_layers = num_layers
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types)[:num_layers]
+
+
+def check_family(config: object, family: str, where: str) -> None:
+    """``model.backbone.family`` must name the HF config's classes (SmolVLM, PaliGemma+Gemma, PaliGemma+Gemma2)."""
+    got = (config.model_type, getattr(config.text_config, "model_type", None))
+    want = {
+        "smolvlm": ("smolvlm", "llama"),
+        "paligemma": ("paligemma", "gemma"),
+        "paligemma2": ("paligemma", "gemma2"),
+    }
+    if got != want[family]:
+        fits = [f for f, types in want.items() if types == got]
+        fix = f"set model.backbone.family to {fits[0]!r}" if fits else "it is not a supported backbone"
+        raise ValueError(
+            f"model.backbone.family={family!r} but {where} is a {got[0]} model with a {got[1]} text model; {fix}"
+        )
 
 
 @dataclass
@@ -126,9 +150,15 @@ class VLMBackbone(nn.Module):
                 f"model.backbone.num_vlm_layers={n} but {source or 'the backbone'} has {total} language layers"
             )
         self.embed_tokens = text.embed_tokens
+        # the layers past n, the final norm and the LM head are never used: not kept
         self.layers = nn.ModuleList(
-            list(text.layers)[:n]
-        )  # the rest (and the LM head) are never used: dropped
+            shared_kv(layer, checkpoint_activations=cfg.gradient_checkpointing)
+            for layer in list(text.layers)[:n]
+        )
+        # only the last layer's keys/values are read (by the expert): its other weights are not kept either
+        self.unused_weights: tuple[str, ...] = tuple(
+            f"layers.{n - 1}.{name}" for name in self.layers[-1].keep_keys_values_only()
+        )
         self.rotary = text.rotary_emb
         vcfg = self.hf_config.vision_config
         self.native_image_size = int(vcfg.image_size)
@@ -163,6 +193,8 @@ class VLMBackbone(nn.Module):
 
     def drop_compiled(self) -> None:
         """Back to the eager functions (FlowVLA drops compiled graphs whenever weights may change)."""
+        release(self._encode_pixels)
+        release(self._run_layers)
         self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
 
     def train(self, mode: bool = True) -> VLMBackbone:
@@ -178,6 +210,22 @@ class VLMBackbone(nn.Module):
         src = path or resolve_pretrained(cfg.pretrained)
         model, tokenizer = load_hf_vlm(src, cfg.family, weights=weights, num_layers=cfg.num_vlm_layers)
         return cls(cfg, model=model, tokenizer=tokenizer, source=src)
+
+    @classmethod
+    def from_hf_config(
+        cls, cfg: BackboneConfig, hf_config: object, *, tokenizer: object = None, source: str = ""
+    ) -> VLMBackbone:
+        """A randomly initialised backbone of ``hf_config``'s classes (a copy is cut to ``cfg.num_vlm_layers``);
+        under ``vla.models.meta.empty_weights()`` nothing is initialised: the weights are on the meta device."""
+        import copy
+
+        from transformers import AutoModelForImageTextToText
+
+        config = copy.deepcopy(hf_config)
+        check_family(config, cfg.family, source or "the given HF config")
+        keep_first_layers(config, cfg.num_vlm_layers, source or "the given HF config")
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+        return cls(cfg, model=model, tokenizer=tokenizer, source=source)
 
     def set_trainable(self) -> None:
         """Apply ``freeze_vision`` / ``freeze_language``."""
@@ -268,8 +316,8 @@ class VLMBackbone(nn.Module):
         return torch.cat(parts, dim=1), torch.cat(valid, dim=1)
 
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> Prefix:
-        """Run the language layers over the prefix and collect every layer's keys/values. The last layer's
-        attention/MLP are skipped: only its keys/values are ever read.
+        """Run the language layers over the prefix and collect every layer's keys/values (the last layer computes
+        only those: nothing reads its hidden states).
 
         Attention is bidirectional among valid tokens, except that the last token (the embodiment token of
         ``embed_prefix``) is a summary token: it attends to every valid token, but no other token attends to it.
@@ -300,7 +348,7 @@ class VLMBackbone(nn.Module):
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             past = (prefix.keys[i][:, :, :-1], prefix.values[i][:, :, :-1])
-            h, (k, v) = decoder_layer(layer, h, cos, sin, mask, past, keys_only=i == n - 1)
+            h, (k, v) = layer(h, cos, sin, mask, past, keys_only=i == n - 1)
             keys.append(torch.cat([past[0], k], dim=2))
             values.append(torch.cat([past[1], v], dim=2))
         return Prefix(keys=keys, values=values, valid=prefix.valid, length=prefix.length)
@@ -312,11 +360,7 @@ class VLMBackbone(nn.Module):
         keys, values = [], []
         h = tokens
         for i, layer in enumerate(self.layers):
-            last = i == len(self.layers) - 1
-            if self.cfg.gradient_checkpointing and self.training and torch.is_grad_enabled() and not last:
-                h, (k, v) = checkpoint(decoder_layer, layer, h, cos, sin, mask, use_reentrant=False)
-            else:
-                h, (k, v) = decoder_layer(layer, h, cos, sin, mask, keys_only=last)
+            h, (k, v) = layer(h, cos, sin, mask, keys_only=i == len(self.layers) - 1)
             keys.append(k)
             values.append(v)
         return keys, values

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from vla.models.attention import check_window, decoder_layer
+from vla.models.attention import check_window, shared_kv_class
 from vla.models.backbone import Prefix
 
 
@@ -59,11 +58,12 @@ class ActionExpert(nn.Module):
         if getattr(cfg, "head_dim", None) is None:  # keep the backbone's head size: keys must concatenate
             cfg.head_dim = text_config.hidden_size // text_config.num_attention_heads
         self.config = cfg
-        layer_cls = type(backbone_layer)
+        layer_cls = shared_kv_class(type(backbone_layer))  # called as modules: FSDP2 shards them one by one
         self.layers = nn.ModuleList(layer_cls(cfg, layer_idx=i) for i in range(num_layers))
+        for layer in self.layers:
+            layer.checkpoint_activations = gradient_checkpointing
         self.norm = type(backbone_layer.input_layernorm)(self.width, eps=cfg.rms_norm_eps)
         self.rotary = rotary  # shared with the backbone (same head_dim and theta): not a parameter owner
-        self.gradient_checkpointing = gradient_checkpointing
         self.apply(self._init)
 
     def _init(self, m: nn.Module) -> None:
@@ -89,7 +89,7 @@ class ActionExpert(nn.Module):
         h = state
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
-            h, (k, v) = decoder_layer(layer, h, plan.cos, plan.sin, plan.mask, plan.past[i], keys_only=last)
+            h, (k, v) = layer(h, plan.cos, plan.sin, plan.mask, plan.past[i], keys_only=last)
             past.append((torch.cat([ctx.past[i][0], k], dim=2), torch.cat([ctx.past[i][1], v], dim=2)))
         valid = torch.cat([ctx.valid, ctx.valid.new_ones(b, s)], dim=1)
         return SuffixContext(past=past, valid=valid, start=ctx.start + s)
@@ -112,12 +112,7 @@ class ActionExpert(nn.Module):
         """The expert layers over suffix tokens ``x`` ``[B, T, width]`` -> ``[B, T, width]`` (normed)."""
         h = x
         for i, layer in enumerate(self.layers):
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                h, _ = checkpoint(
-                    decoder_layer, layer, h, plan.cos, plan.sin, plan.mask, plan.past[i], use_reentrant=False
-                )
-            else:
-                h, _ = decoder_layer(layer, h, plan.cos, plan.sin, plan.mask, plan.past[i])
+            h, _ = layer(h, plan.cos, plan.sin, plan.mask, plan.past[i])
         return self.norm(h)
 
     def forward(self, x: torch.Tensor, prefix: Prefix, suffix_valid: torch.Tensor) -> torch.Tensor:

@@ -1,22 +1,30 @@
 """Checkpoint directories in the Hugging Face style: ``save_pretrained(model, dir)`` / ``from_pretrained(dir)``.
 
-Layout (``format_version`` 1)::
+Layout (``vla_format_version`` 3)::
 
-    config.json            {"vla_format_version": 1, "policy": ..., "model": <ModelConfig>}
-    model.safetensors      every parameter (backbone included; only the language layers used are kept)
+    config.json            {"vla_format_version": 3, "policy": ..., "model": <ModelConfig>}
+    model.safetensors      every parameter (backbone included; only the language weights used are kept)
     backbone/              the HF backbone's config.json + tokenizer files + image normalization
     embodiments/<name>.yaml  one spec per embodiment slot, in table order (config.model.embodiments)
     norm_stats.json        the normalization stats the model was trained with (when known)
+    preprocessing.json     ``model.preprocessing``: how the training data was prepared (when known)
     README.md              a generated model card
 
-Everything needed to rebuild the model is in the folder: loading never downloads. A hub id works too when the
-repository is in the local Hugging Face cache (``huggingface_hub.snapshot_download``).
+Everything needed to rebuild the model is in the folder: loading never downloads, and the model is built on the
+meta device and given the file's tensors (no random initialisation first). A hub id works too when the repository
+is in the local Hugging Face cache (``huggingface_hub.snapshot_download``).
+
+Writing is atomic: the folder is built under a hidden temporary name next to its destination; an existing folder
+is renamed aside, the new one renamed in, then the old one deleted. The hidden ``.<name>.tmp-*`` / ``.<name>.old-*``
+siblings a killed write leaves are removed by the next write to the same place (one writer per destination at a
+time).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,12 +32,13 @@ from typing import TYPE_CHECKING
 
 import draccus
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_file, save_model
 
 from vla import __version__
 from vla.embodiments import EmbodimentSpec
 from vla.models.backbone import VLMBackbone
 from vla.models.config import ModelConfig, load_model_config
+from vla.models.meta import empty_weights, load_weights
 from vla.models.policies import POLICIES
 
 if TYPE_CHECKING:
@@ -38,14 +47,24 @@ if TYPE_CHECKING:
 
 #: 2: the embodiment token became a summary token (no other prefix token attends to it). Version-1 weights were
 #: trained with every prefix token seeing it, so this vla would compute something else with them: refused.
-FORMAT_VERSION = 2
+#: 3: the backbone's last language layer keeps only its key/value projections (and its input norm); version-2 files
+#: also hold its other weights, which were never used: they are skipped on load.
+FORMAT_VERSION = 3
+READS = (2, 3)
+PREPROCESSING = "preprocessing.json"
 
 
-def save_pretrained(model: FlowVLA, out_dir: str | Path) -> Path:
-    """Write ``model`` to ``out_dir`` atomically (a half-written folder is never left under that name)."""
+def save_pretrained(
+    model: FlowVLA, out_dir: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write ``model`` to ``out_dir`` atomically (see the module docstring). ``state_dict``: the weights to write
+    instead of the model's own (e.g. the full weights gathered from an FSDP2-sharded model)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    preprocessing = _check_preprocessing(getattr(model, "preprocessing", None))
+    for stale in _leftovers(out):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         cfg = {
             "vla_format_version": FORMAT_VERSION,
@@ -54,21 +73,68 @@ def save_pretrained(model: FlowVLA, out_dir: str | Path) -> Path:
             "model": draccus.encode(model.cfg),
         }
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        save_model(model, str(tmp / "model.safetensors"))
+        if state_dict is None:
+            save_model(model, str(tmp / "model.safetensors"))
+        else:
+            save_file(
+                {k: v.detach().contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors")
+            )
         model.backbone.save_assets(tmp / "backbone")
         (tmp / "embodiments").mkdir()
         for spec in model.specs:
             spec.to_yaml(tmp / "embodiments" / f"{spec.name}.yaml")
         if model.norm_stats is not None:
             model.norm_stats.save(tmp / "norm_stats.json")
+        if preprocessing is not None:
+            (tmp / PREPROCESSING).write_text(preprocessing)
         (tmp / "README.md").write_text(model_card(model))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``out``. An existing ``out`` is renamed aside first and deleted only
+    once the new one is in place, so a kill at any moment leaves a complete folder: ``out`` (old or new) or, between
+    the two renames, the old one aside as a hidden ``.<name>.old-*`` sibling."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.replace(out, old)  # onto the empty directory just made: an atomic rename on POSIX
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _leftovers(out: Path) -> list[Path]:
+    """Hidden ``.<name>.tmp-*`` / ``.<name>.old-*`` siblings of ``out`` (``tempfile.mkdtemp`` names) left by a killed
+    ``save_pretrained`` to ``out``."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)-[a-z0-9_]{{8}}")
+    return [p for p in out.parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name)]
+
+
+def _check_preprocessing(preprocessing: object) -> str | None:
+    """``model.preprocessing`` as the JSON text to write (None: nothing to write)."""
+    if preprocessing is None:
+        return None
+    if not isinstance(preprocessing, dict):
+        raise TypeError(
+            f"model.preprocessing must be a dict (or None), got {type(preprocessing).__name__}; it is saved as "
+            f"{PREPROCESSING}"
+        )
+    try:
+        return json.dumps(preprocessing, indent=2, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"model.preprocessing must be JSON-serializable (str keys; str/number/bool/None/list/dict values, "
+            f"finite numbers) to be saved as {PREPROCESSING}: {e}"
+        ) from e
 
 
 def _local_dir(path: str | Path) -> Path:
@@ -100,9 +166,9 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
             "(format 2); its weights would compute different actions here. Re-train or fine-tune with this vla, or "
             "load it with the vla version that wrote it."
         )
-    if version != FORMAT_VERSION:
+    if version not in READS:
         raise ValueError(
-            f"{cfg_file}: vla_format_version {version} is not supported by this vla (reads {FORMAT_VERSION})"
+            f"{cfg_file}: vla_format_version {version} is not supported by this vla (reads {list(READS)})"
         )
     cfg: ModelConfig = load_model_config(meta["model"])
     specs = []
@@ -116,21 +182,13 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         from vla.data.normalize import StatsFile
 
         stats = StatsFile.load(root / "norm_stats.json")
-    backbone = VLMBackbone.from_config(cfg.backbone, weights=False, path=str(root / "backbone"))
-    model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
-    try:
-        missing, unexpected = load_model(
-            model, str(root / "model.safetensors"), strict=False, device=str(map_location)
-        )
-    except RuntimeError as e:  # shape mismatches
-        raise ValueError(
-            f"{root / 'model.safetensors'} does not match the architecture in config.json: {e}"
-        ) from e
-    if missing or unexpected:
-        raise ValueError(
-            f"{root / 'model.safetensors'} does not match the architecture in config.json: "
-            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-        )
+    with empty_weights():  # the weights come from the file: no random initialisation first
+        backbone = VLMBackbone.from_config(cfg.backbone, weights=False, path=str(root / "backbone"))
+        model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
+    unused = [f"backbone.{name}" for name in backbone.unused_weights] if version == 2 else []
+    load_weights(model, root / "model.safetensors", device=map_location, ignore=unused)
+    pre = root / PREPROCESSING
+    model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
     return model.to(map_location)
 
 

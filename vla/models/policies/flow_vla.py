@@ -8,6 +8,10 @@ t = 0 with ``num_steps`` Euler steps, reusing the prefix keys/values at every st
 
 Each embodiment has its own slot in every head table and its own embodiment token; it predicts its own action
 dims and its own chunk length (``min(spec.chunk_length, model.chunk_length)``), masked to the batch maximum.
+
+Settings that are not architecture (not saved in config.json): ``autocast_dtype`` (None = no autocast; e.g.
+``torch.bfloat16``, on any device: AMX on recent Xeons, tensor cores on GPUs) and ``preprocessing`` (how the training
+data was prepared, saved with the checkpoint as preprocessing.json). Distributed training: ``vla.models.sharding``.
 """
 
 from __future__ import annotations
@@ -16,17 +20,19 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from vla.embodiments import EmbodimentSpec
 from vla.models.backbone import Prefix, VLMBackbone
+from vla.models.compiled import frozen_compile, release
 from vla.models.config import ModelConfig
 from vla.models.expert import ActionExpert, ExpertPlan
 from vla.models.heads import EmbodimentHeads, route
 from vla.models.policies import POLICIES
+from vla.models.sharding import check_not_sharded
 from vla.types import Batch
 
 if TYPE_CHECKING:
@@ -36,7 +42,11 @@ log = logging.getLogger(__name__)
 
 
 class FlowVLA(nn.Module):
-    """The VLA policy. ``embodiment_ids`` (name -> table index) is what the loader must use for ``embodiment_id``."""
+    """The VLA policy. ``embodiment_ids`` (name -> table index) is what the loader must use for ``embodiment_id``.
+
+    ``table_version`` counts ``add_embodiment`` calls: each replaces the embodiment tables' parameters, so build the
+    optimizer and any wrapper (DDP, FSDP2, peft) after every ``add_embodiment``, and check ``table_version`` is
+    unchanged before stepping an optimizer built earlier."""
 
     def __init__(
         self,
@@ -54,6 +64,9 @@ class FlowVLA(nn.Module):
         self.cfg = dataclasses.replace(cfg, embodiments=tuple(s.name for s in specs))
         self.specs: list[EmbodimentSpec] = list(specs)
         self.norm_stats = norm_stats
+        self.preprocessing: dict[str, Any] | None = None  # saved as preprocessing.json (vla.models.hub)
+        self.autocast_dtype: torch.dtype | None = None  # loss and sample_actions run under this autocast
+        self.table_version = 0
         self.backbone = backbone or VLMBackbone.from_config(cfg.backbone)
         d = self.backbone.hidden_size
         n_layers = cfg.expert.num_layers or self.backbone.num_layers
@@ -89,6 +102,8 @@ class FlowVLA(nn.Module):
 
     def _refresh_tables(self) -> None:
         dev = self.embodiment_tokens.weight.device
+        if dev.type == "meta":  # built without weights (vla.models.meta): the tables are computed, so real
+            dev = torch.device("cpu")
         self.register_buffer(
             "chunk_lengths",
             torch.tensor([min(s.chunk_length, self.cfg.chunk_length) for s in self.specs], device=dev),
@@ -134,10 +149,15 @@ class FlowVLA(nn.Module):
     @torch.no_grad()
     def add_embodiment(self, spec: EmbodimentSpec, init_from: str | None = None) -> int:
         """Give ``spec`` its own slot in every head table and its own token, copied from ``init_from`` (default:
-        ``most_similar``). Other embodiments' outputs are unchanged. Returns the new index."""
+        ``most_similar``). Other embodiments' outputs are unchanged. Returns the new index.
+
+        The grown tables are new ``Parameter`` objects (an optimizer's state for the old ones cannot carry over), so
+        ``table_version`` goes up: build the optimizer and wrappers after this call. Refused on a model already
+        sharded with FSDP2."""
         if spec.name in self.embodiment_ids:
             raise ValueError(f"embodiment {spec.name!r} is already in this model")
         self._check_fits(self.cfg, spec)
+        check_not_sharded(self, "add_embodiment")
         src = self._index(init_from or self.most_similar(spec))
         self.heads.add_slot(src)
         w = self.embodiment_tokens.weight.data
@@ -147,14 +167,14 @@ class FlowVLA(nn.Module):
         self.cfg = dataclasses.replace(self.cfg, embodiments=tuple(s.name for s in self.specs))
         self._refresh_tables()
         self._set_token_trainable()
+        self.table_version += 1
         return len(self.specs) - 1
 
     # ---- forward pieces ----------------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
-        dev = self.embodiment_tokens.weight.device
-        if dev.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        if self.autocast_dtype is None:  # an autocast the caller entered still applies
+            return contextlib.nullcontext()
+        return torch.autocast(self.embodiment_tokens.weight.device.type, dtype=self.autocast_dtype)
 
     def _check_ids(self, ids: torch.Tensor) -> None:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.specs)):
@@ -285,7 +305,8 @@ class FlowVLA(nn.Module):
         self, batch: Batch, *, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Masked flow-matching MSE (scalar) and metrics: ``loss`` and ``loss/<embodiment>`` per embodiment."""
-        terms = self.loss_terms(batch, generator=generator)
+        # through __call__, not loss_terms: FSDP2's root hooks gather the root's weights (vla.models.sharding)
+        terms = self(batch, generator=generator)
         return terms.mean(), terms.metrics(self.cfg.embodiments)
 
     @torch.no_grad()
@@ -358,18 +379,19 @@ class FlowVLA(nn.Module):
     # Compiled serving graphs hold *copies* of the weights (Inductor freezing), so they must never outlive a change
     # of the weights: train() and prepare_inference() drop them, and compute_prefix() recompiles when any
     # parameter or buffer was replaced, moved or updated in place since they were built (load_state_dict, an EMA
-    # step, .to()). Writing through ``param.data`` bypasses the version counters and is not detected.
+    # step, .to()). Writing through ``param.data`` bypasses the version counters and is not detected. Each compile
+    # has graphs of its own, and dropping frees only those (vla.models.compiled).
     def _compile_serving(self) -> None:
-        torch._dynamo.reset()  # graphs cached on the functions' code would otherwise be reused with old weights
-        self._serving_step = _frozen_compile(self.flow_step)
-        self.backbone.compile_for_serving(_frozen_compile)
+        self._drop_compiled()
+        self._serving_step = frozen_compile(self.flow_step)
+        self.backbone.compile_for_serving(frozen_compile)
         self._serving_weights = self._weights_key()
 
     def _drop_compiled(self) -> None:
         if self._serving_weights is not None:
+            release(self._serving_step)
             self._serving_step, self._serving_weights = None, None
             self.backbone.drop_compiled()
-            torch._dynamo.reset()
 
     def _weights_key(self) -> tuple[tuple[int, int], ...]:
         return tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
@@ -444,23 +466,6 @@ class LossTerms:
             sel = self.embodiment_id == i
             out[f"loss/{names[i]}"] = float(err[sel].sum() / weight[sel].sum().clamp(min=1))
         return out
-
-
-def _frozen_compile(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``torch.compile(fn)`` with Inductor's weight freezing (constant weights: pre-packed oneDNN linears on CPU).
-
-    Shapes start static and a dimension that changes (the prefix length, when the prompt's token count changes)
-    is recompiled once as dynamic (``dynamic=None``), so a new instruction costs one recompile, not one per length.
-    """
-    import torch._inductor.config as inductor_config
-
-    compiled = torch.compile(fn, dynamic=None)
-
-    def run(*args: object) -> torch.Tensor:
-        with inductor_config.patch(freezing=True):  # read when a graph is compiled (a shape's first call)
-            return compiled(*args)
-
-    return run
 
 
 def _rand(

@@ -1,0 +1,320 @@
+"""What training at scale needs from the model: no parameter without a gradient, FSDP2 sharding per decoder layer
+(2 processes), an explicit embodiment-table contract, precision as a setting, weights loaded without a random
+init (and real-backbone presets built on the meta device), preprocessing saved with the checkpoint and
+overwrites that never lose a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vla.embodiments import get_embodiment
+from vla.models.hub import from_pretrained, save_pretrained
+from vla.models.testing import synthetic_batch, tiny_model
+
+FREEZE = {
+    "frozen_backbone": {"freeze_vision": True, "freeze_language": True},
+    "frozen_vision": {"freeze_vision": True, "freeze_language": False},
+    "unfrozen": {"freeze_vision": False, "freeze_language": False},
+}
+
+
+@pytest.mark.parametrize("freeze", sorted(FREEZE))
+@pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])
+def test_one_backward_reaches_every_trainable_parameter(family: str, freeze: str) -> None:
+    """DDP without find_unused_parameters needs a gradient for every trainable parameter, every step."""
+    m = tiny_model(
+        family, backbone={"family": family, "pretrained": f"tiny:{family}", **FREEZE[freeze]}
+    ).train()
+    loss, _ = m.loss(synthetic_batch(m), generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    trainable = {n: p for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and any(n.startswith("expert.") for n in trainable)
+    if freeze == "unfrozen":
+        assert any(n.startswith("backbone.vision") for n in trainable)
+    missing = sorted(n for n, p in trainable.items() if p.grad is None)
+    assert not missing, f"no gradient for {missing}"
+    bad = sorted(n for n, p in trainable.items() if not torch.isfinite(p.grad).all())
+    assert not bad, f"non-finite gradient for {bad}"
+
+
+def test_the_last_backbone_layer_keeps_only_its_key_value_weights() -> None:
+    m = tiny_model("paligemma2")
+    last = len(m.backbone.layers) - 1
+    kept = {n for n, _ in m.backbone.layers[last].named_parameters()}
+    assert kept == {"input_layernorm.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}
+    # Gemma2's sandwich norms, the queries, the output projection and the MLP are the unused ones
+    assert set(m.backbone.unused_weights) >= {
+        f"layers.{last}.self_attn.q_proj.weight",
+        f"layers.{last}.self_attn.o_proj.weight",
+        f"layers.{last}.mlp.down_proj.weight",
+        f"layers.{last}.pre_feedforward_layernorm.weight",
+        f"layers.{last}.post_feedforward_layernorm.weight",
+    }
+    with pytest.raises(RuntimeError, match="keys_only=True"):
+        layer = m.backbone.layers[last]
+        h = torch.zeros(1, 2, m.backbone.hidden_size)
+        cos, sin = m.backbone.rotary(h, torch.arange(2)[None])
+        layer(h, cos, sin, torch.ones(1, 1, 2, 2, dtype=torch.bool))
+
+
+def test_a_format_2_checkpoint_with_the_unused_weights_still_loads(tmp_path: Path) -> None:
+    """Format 2 stored the last layer's unused weights: they (and only they) are skipped on load."""
+    m = tiny_model("smolvlm")
+    out = save_pretrained(m, tmp_path / "ckpt")
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["vla_format_version"] == 3
+    weights = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    legacy = {f"backbone.{n}": torch.randn(4, generator=g) for n in m.backbone.unused_weights}
+    save_file({**weights, **legacy}, str(out / "model.safetensors"))
+    meta["vla_format_version"] = 2
+    (out / "config.json").write_text(json.dumps(meta))
+    batch = synthetic_batch(m)
+    noise = torch.randn(4, 6, m.cfg.max_action_dim, generator=g)
+    loaded = from_pretrained(out).eval()
+    assert torch.equal(loaded.sample_actions(batch, noise=noise), m.sample_actions(batch, noise=noise))
+
+    save_file(
+        {**weights, **legacy, "backbone.layers.0.extra.weight": torch.zeros(2)},
+        str(out / "model.safetensors"),
+    )
+    with pytest.raises(ValueError, match=r"unexpected \['backbone.layers.0.extra.weight'\]"):
+        from_pretrained(out)
+    meta["vla_format_version"] = 3  # format 3 has no unused weights: they are not skipped there
+    (out / "config.json").write_text(json.dumps(meta))
+    save_file({**weights, **legacy}, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="does not match the architecture"):
+        from_pretrained(out)
+
+
+@pytest.mark.distributed
+def test_fsdp2_shards_every_decoder_layer_and_equals_one_process(tmp_path: Path) -> None:
+    script = Path(__file__).parent / "distributed" / "fsdp_layers.py"
+    out = tmp_path / "verdict.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    verdict = json.loads(out.read_text())
+    assert verdict["world_size"] == 2
+    for name in ("trained_checkpointed", "frozen_backbone"):
+        v = verdict[name]
+        assert set(v["local_fraction"]) == {
+            f"{part}.layers.{i}" for part in ("backbone", "expert") for i in range(4)
+        }
+        assert all(0.45 <= f <= 0.55 for f in v["local_fraction"].values()), v["local_fraction"]
+        assert v["loss"] == pytest.approx(v["ref_loss"], rel=1e-5)
+        assert v["param_step"] > 1e-3  # the step moved the weights, so equal weights after it mean something
+        assert v["param_err"] < 1e-5
+        assert v["sample_err"] < 1e-4 * v["sample_scale"]
+        assert "add_embodiment on a model sharded with FSDP2" in v["add_embodiment_refused"]
+    assert verdict["trained_checkpointed"]["trained_params"] > verdict["frozen_backbone"]["trained_params"]
+
+
+def test_an_optimizer_built_after_add_embodiment_trains_the_new_slot() -> None:
+    m = tiny_model("smolvlm").train()
+    assert m.table_version == 0
+    slot = m.add_embodiment(get_embodiment("ur5_autolab"))
+    assert m.table_version == 1
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1)
+    rows = {
+        "token": lambda: m.embodiment_tokens.weight[slot].detach().clone(),
+        "action_out": lambda: m.heads.action_out.weight[slot].detach().clone(),
+        "state_in": lambda: m.heads.state_in.weight[slot].detach().clone(),
+    }
+    before = {k: f() for k, f in rows.items()}
+    batch = synthetic_batch(m, embodiments=["ur5_autolab", "widowx_bridge", "ur5_autolab", "franka_droid"])
+    loss, _ = m.loss(batch, generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    opt.step()
+    for k, f in rows.items():
+        assert not torch.equal(f(), before[k]), f"the new slot's {k} row did not move"
+    m.add_embodiment(get_embodiment("sim_ur5e"))
+    assert m.table_version == 2
+
+
+@pytest.mark.parametrize("entry", ["loss", "sample_actions"])
+def test_autocast_dtype_sets_the_matmul_precision(entry: str) -> None:
+    m = tiny_model("smolvlm").train(entry == "loss")
+    batch = synthetic_batch(m)
+    seen: list[torch.dtype] = []
+    hooks = [
+        m.backbone.layers[0].self_attn.q_proj.register_forward_hook(lambda mod, i, o: seen.append(o.dtype)),
+        m.expert.layers[0].mlp.down_proj.register_forward_hook(lambda mod, i, o: seen.append(o.dtype)),
+    ]
+
+    def run() -> torch.Tensor:
+        seen.clear()
+        g = torch.Generator().manual_seed(0)
+        return m.loss(batch, generator=g)[0] if entry == "loss" else m.sample_actions(batch, generator=g)
+
+    assert m.autocast_dtype is None
+    ref = run()
+    assert seen and set(seen) == {torch.float32}
+    m.autocast_dtype = torch.bfloat16
+    out = run()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert out.dtype == torch.float32  # the loss and the integration state stay float32
+    assert torch.allclose(out, ref, rtol=0.1, atol=0.1) and not torch.equal(out, ref)
+    for h in hooks:
+        h.remove()
+
+
+def test_from_pretrained_builds_on_meta_and_loads_without_a_random_init(tmp_path: Path, monkeypatch) -> None:
+    m = tiny_model("paligemma")
+    out = save_pretrained(m, tmp_path / "ckpt")
+    initialised = []
+    for name in ("normal_", "uniform_"):  # every random init in torch.nn.init and HF ends in one of these
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, **kwargs):
+            if not self.is_meta:
+                initialised.append(self.numel())
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    loaded = from_pretrained(out)
+    monkeypatch.undo()
+    assert sum(initialised) == 0, f"{sum(initialised)} values randomly initialised before loading"
+    on_meta = [n for n, t in (*loaded.named_parameters(), *loaded.named_buffers()) if t.is_meta]
+    assert not on_meta
+    assert loaded.backbone.rotary.inv_freq.dtype == torch.float32
+    assert {n: p.requires_grad for n, p in loaded.named_parameters()} == {
+        n: p.requires_grad for n, p in m.named_parameters()
+    }
+    batch = synthetic_batch(m)
+    noise = torch.randn(4, 6, m.cfg.max_action_dim, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(loaded.eval().sample_actions(batch, noise=noise), m.sample_actions(batch, noise=noise))
+
+
+def _llama_layer(d: int, heads: int, kv: int, head_dim: int, mlp: int) -> int:
+    return d * heads * head_dim * 2 + d * kv * head_dim * 2 + 3 * d * mlp + 2 * d
+
+
+def _siglip(d: int, layers: int, mlp: int, patch: int, image: int) -> int:
+    per_layer = 4 * (d * d + d) + 2 * d * mlp + mlp + d + 4 * d
+    return layers * per_layer + 3 * patch * patch * d + d + (image // patch) ** 2 * d + 2 * d
+
+
+def test_real_backbone_presets_build_on_meta_with_their_published_sizes() -> None:
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForImageTextToText
+
+    from vla.models.config import load_model_config
+    from vla.models.meta import build_on_meta
+    from vla.models.published import published_config
+
+    spec = [get_embodiment("widowx_bridge")]
+    hf = published_config("HuggingFaceTB/SmolVLM2-500M-Video-Instruct")
+    with init_empty_weights():
+        vlm = AutoModelForImageTextToText.from_config(hf)
+    assert sum(p.numel() for p in vlm.parameters()) == 507_482_304  # the hub's "507M params"
+
+    cfg = load_model_config("smolvlm2_500m")
+    m = build_on_meta(cfg, spec, hf_config=hf)
+    assert {p.device.type for p in m.parameters()} == {"meta"}
+    counts = m.parameter_counts()
+    vision = _siglip(768, 12, 3072, 16, 512)
+    assert vision == 86_433_024
+    assert counts["vision"]["total"] == vision + 768 * 16 * 960  # + pixel-shuffle projector (no bias)
+    layer = _llama_layer(960, 15, 5, 64, 2560)
+    last = 960 + 2 * 960 * 5 * 64  # input norm + key/value projections
+    assert counts["language"]["total"] == 49280 * 960 + 15 * layer + last  # 16 of the 32 layers
+    assert counts["language"]["trainable"] == 0 and counts["expert"]["trainable"] == counts["expert"]["total"]
+    full = build_on_meta(
+        load_model_config("smolvlm2_500m", ["backbone.num_vlm_layers=0", "expert.num_layers=0"]),
+        spec,
+        hf_config=hf,
+    )
+    assert full.parameter_counts()["language"]["total"] == 49280 * 960 + 31 * layer + last
+
+    hf = published_config("google/paligemma2-3b-pt-224")
+    m = build_on_meta(load_model_config("paligemma2_3b"), spec, hf_config=hf)
+    counts = m.parameter_counts()
+    assert counts["vision"]["total"] == _siglip(1152, 27, 4304, 14, 224) + 1152 * 2304 + 2304 == 415_098_864
+    gemma2 = _llama_layer(2304, 8, 4, 256, 9216) + 2 * 2304  # + Gemma2's two extra sandwich norms
+    assert counts["language"]["total"] == 257216 * 2304 + 25 * gemma2 + 2304 + 2 * 2304 * 4 * 256
+    assert counts["all"]["trainable"] == counts["all"]["total"]  # nothing frozen in this preset
+
+    with pytest.raises(ValueError, match=r"model\.backbone\.family=.smolvlm. but"):
+        build_on_meta(cfg, spec, hf_config=hf)
+
+
+def test_preprocessing_is_saved_with_the_checkpoint(tmp_path: Path) -> None:
+    m = tiny_model("smolvlm")
+    assert m.preprocessing is None
+    out = save_pretrained(m, tmp_path / "ckpt")
+    assert not (out / "preprocessing.json").exists() and from_pretrained(out).preprocessing is None
+    m.preprocessing = {
+        "image_size": 64,
+        "obs_history": 1,
+        "chunk_length": 6,
+        "stats_keys": {"widowx_bridge": "a"},
+    }
+    save_pretrained(m, out)
+    assert json.loads((out / "preprocessing.json").read_text()) == m.preprocessing
+    assert from_pretrained(out).preprocessing == m.preprocessing
+    m.preprocessing = {"image_size": torch.tensor(64)}
+    with pytest.raises(ValueError, match=r"model\.preprocessing must be JSON-serializable"):
+        save_pretrained(m, out)
+    m.preprocessing = [("image_size", 64)]
+    with pytest.raises(TypeError, match=r"model\.preprocessing must be a dict"):
+        save_pretrained(m, out)
+    assert from_pretrained(out).preprocessing["image_size"] == 64  # failed writes left the checkpoint alone
+
+
+def test_overwriting_a_checkpoint_never_loses_both_and_cleans_up_after_a_killed_write(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from vla.models import hub
+
+    m = tiny_model("smolvlm")
+    out = save_pretrained(m, tmp_path / "ckpt")
+    m.preprocessing = {"version": "new"}
+    real_replace = os.replace
+    calls = []
+
+    def failing_replace(src, dst):  # the new folder's rename fails after the old one went aside
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == 2:
+            raise OSError("simulated failure between the two renames")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(hub.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="simulated failure"):
+        save_pretrained(m, out)
+    monkeypatch.undo()
+    assert calls[0][0] == "ckpt" and calls[0][1].startswith(
+        ".ckpt.old-"
+    )  # the old one was renamed aside first
+    assert (out / "model.safetensors").is_file() and not (out / "preprocessing.json").exists()  # old one back
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+    # A kill leaves hidden folders behind: the next write to the same place removes them (and only them).
+    for leftover in (".ckpt.tmp-abcd1234", ".ckpt.old-abcd1234"):
+        (tmp_path / leftover).mkdir()
+    (tmp_path / ".ckpt.partial").mkdir()
+    save_pretrained(m, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.partial", "ckpt"]
+    assert from_pretrained(out).preprocessing == {"version": "new"}
