@@ -3,6 +3,7 @@ batch; FSDP2 shards, saves a consolidated model and a reshardable train state th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,27 +33,40 @@ def _sets(ds: Path, *extra: str, steps: int = 3) -> list[str]:
     return [x for a in over for x in ("--set", a)]
 
 
-def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(wx: Path, tmp_path: Path) -> None:
-    one = run_cli(["train", "debug", "--run-dir", str(tmp_path / "one"), *_sets(wx, "data.batch_size=4")])
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun(["train", "debug", "--run-dir", str(tmp_path / "two"), *_sets(wx, "data.batch_size=2")])
-    assert two.returncode == 0, two.stderr[-3000:]
-    rows1, rows2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+@pytest.fixture(scope="module")
+def one_process(wx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: 3 steps of batch 4 in one process."""
+    run = tmp_path_factory.mktemp("one") / "run"
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=4")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def _same_steps(reference: Path, run: Path) -> None:
+    """Same losses at every step and the same final weights (up to float reduction order)."""
+    rows1, rows2 = metrics(reference), metrics(run)
     assert [r["step"] for r in rows2] == [1, 2, 3]  # rank 0 logs alone
     for a, b in zip(rows1, rows2, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6)
         assert b["loss/widowx_bridge"] == pytest.approx(a["loss/widowx_bridge"], rel=1e-5, abs=1e-6)
-    w1, w2 = weights(latest_complete(tmp_path / "one")), weights(latest_complete(tmp_path / "two"))
+    w1, w2 = weights(latest_complete(reference)), weights(latest_complete(run))
     assert w1.keys() == w2.keys()
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(
+    wx: Path, one_process: Path, tmp_path: Path
+) -> None:
+    two = torchrun(["train", "debug", "--run-dir", str(tmp_path / "two"), *_sets(wx, "data.batch_size=2")])
+    assert two.returncode == 0, two.stderr[-3000:]
+    _same_steps(one_process, tmp_path / "two")
     ts = latest_complete(tmp_path / "two") / "train_state"
     assert (ts / "rank0.json").is_file() and (ts / "rank1.json").is_file()  # every rank's loader position
     assert (ts / "rng0.pt").is_file() and (ts / "rng1.pt").is_file()
 
 
 def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None:
-    import json
     import subprocess
     import sys
 
@@ -70,3 +84,30 @@ def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None
     start = next(e for e in events if e.get("event") == "start")
     assert start["processes"] == 2 and start["strategy"] == "ddp" and start["global_batch"] == 4
     assert latest_complete(run).name == "step-0000002"
+
+
+def test_fsdp2_two_processes_save_and_one_process_resumes(
+    wx: Path, one_process: Path, tmp_path: Path
+) -> None:
+    """FSDP2 on 2 processes computes the reference steps, writes a consolidated model.safetensors that
+    from_pretrained loads, and a sharded train state that 1 process (another world size) resumes and continues."""
+    from vla.models.hub import from_pretrained
+
+    run = tmp_path / "fsdp"
+    fsdp = ["data.batch_size=2", "distributed.strategy=fsdp2"]
+    r = torchrun(["train", "debug", "--run-dir", str(run), *_sets(wx, *fsdp)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert next(e for e in events if e.get("event") == "start")["strategy"] == "fsdp2"
+    _same_steps(one_process, run)
+    step3 = latest_complete(run)
+    model = from_pretrained(step3)  # one consolidated file, plain tensors
+    reference = weights(latest_complete(one_process))
+    for name, p in model.state_dict().items():
+        if name in reference:
+            torch.testing.assert_close(p, reference[name], rtol=1e-4, atol=1e-6, msg=name)
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=4", steps=5)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "written by 2 process(es), this run has 1" in r.stderr
+    assert latest_complete(run).name == "step-0000005"
+    assert [row["step"] for row in metrics(run)][-2:] == [4, 5]

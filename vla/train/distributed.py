@@ -36,11 +36,14 @@ class Runtime:
         from accelerate.utils import DistributedType
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
+        backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if world > 1 and not dist.is_initialized():
-            backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend)
+        elif cfg.strategy == "fsdp2" and not dist.is_initialized():
+            # FSDP2 on one device (e.g. resuming a sharded run on one GPU) still needs a process group: one of one
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         acc = Accelerator(cpu=not torch.cuda.is_available())
         strategy = cfg.strategy
         if strategy == "auto":
