@@ -192,7 +192,7 @@ def shared_kv_class(hf_class: type[nn.Module]) -> type[SharedKVLayer]:
         return hf_class
     if hf_class not in _CLASSES:
         cls = type(f"SharedKV{hf_class.__name__}", (SharedKVLayer, hf_class), {"__module__": __name__})
-        globals()[cls.__name__] = cls  # importable by name, so pickle and copy find the class
+        globals()[cls.__name__] = cls  # found by name, so pickle works in a process that has built the class
         _CLASSES[hf_class] = cls
     return _CLASSES[hf_class]
 

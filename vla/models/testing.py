@@ -18,10 +18,10 @@ def tiny_model(
     seed: int = 0,
     **overrides: object,
 ) -> FlowVLA:
-    """The ``tiny`` preset of ``family`` with the given embodiments, seeded (same seed -> same weights)."""
-    cfg: ModelConfig = load_model_config(
-        {"backbone": {"family": family, "pretrained": f"tiny:{family}"}, "chunk_length": 6, **overrides}
-    )
+    """The ``tiny`` preset of ``family`` with the given embodiments, seeded (same seed -> same weights).
+    ``overrides`` are ``ModelConfig`` fields; a ``backbone`` dict is merged into the family's tiny backbone."""
+    backbone = {"family": family, "pretrained": f"tiny:{family}", **overrides.pop("backbone", {})}
+    cfg: ModelConfig = load_model_config({"backbone": backbone, "chunk_length": 6, **overrides})
     torch.manual_seed(seed)
     specs: list[EmbodimentSpec] = [get_embodiment(n) for n in embodiments]
     return FlowVLA(cfg, specs).eval()
