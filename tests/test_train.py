@@ -289,3 +289,21 @@ def test_real_backbone_presets_build_on_meta_and_report_counts(preset: str) -> N
     ddp, fsdp = plan["memory_per_gpu_gib"]
     assert fsdp["total_gib"] < ddp["total_gib"] / 4  # sharded over 8 GPUs
     assert len(plan["embodiments"]) >= 1
+
+
+def test_prune_keeps_the_newest_and_milestones_and_clean_removes_partials(tmp_path: Path) -> None:
+    from vla.train.checkpoint import clean_partials, prune
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 4, 6, 8, 10):
+        (root / f"step-{step:07d}").mkdir(parents=True)
+        (root / f"step-{step:07d}" / "COMPLETE").write_text("{}")
+    (root / "step-0000012").mkdir()  # no marker: an interrupted write, never counted nor pruned
+    (root / ".step-0000014.partial").mkdir()
+    removed = prune(tmp_path, keep_last=2, keep_every=4)
+    assert sorted(p.name for p in removed) == ["step-0000002", "step-0000006"]
+    assert [p.name for p in complete_steps(tmp_path)] == ["step-0000004", "step-0000008", "step-0000010"]
+    assert [p.name for p in clean_partials(tmp_path)] == [".step-0000014.partial"]
+    assert not any(p.name.startswith(".") for p in root.iterdir())
+    with pytest.raises(FileNotFoundError, match="no COMPLETE marker"):
+        resolve_checkpoint(root / "step-0000012")
