@@ -786,12 +786,13 @@ def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     assert [s.split(".")[0] for s in sections[:-1]] == [str(i) for i in range(1, 11)], sections
     assert sections[-1] == "not built yet"
     tail = out.split("== not built yet", 1)[1]
-    for part in ("training loop", "serving", "evaluation"):
+    for part in ("vla finetune", "vla serve", "vla eval"):
         assert part in tail
     assert re.search(r"wrote 2 episodes \(0 failed demos dropped\)", out)
     assert out.count("level medium;") == 2 and "cameras ['primary', 'wrist']" in out
-    assert re.search(r"step  8  loss=[\d.]+", out) and "sampled action chunks [8, 8, 32]" in out
-    assert (workdir / "model_trained" / "model.safetensors").is_file()
+    assert re.search(r"step 8/12 loss [\d.]+", out) and "sampled action chunks [8, 8, 32]" in out
+    assert re.search(r"vla train debug: 12 steps, final loss [\d.]+", out)
+    assert (workdir / "runs" / "debug" / "checkpoints" / "step-0000012" / "COMPLETE").is_file()
     assert re.search(r"demo finished in [\d.]+ s", tail)
     assert "widowx_demo: 0 problem(s)" in out and "droid_100: 0 problem(s)" in out
     assert (workdir / "widowx_ep0.mp4").stat().st_size > 0
