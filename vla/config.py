@@ -164,6 +164,18 @@ def resolve_preset(kind: str, name_or_path: str | Path) -> Path:
     )
 
 
+def read_preset(kind: str, name_or_path: str | Path) -> dict[str, Any]:
+    """The mapping a preset YAML holds (``resolve_preset``), with errors naming the file."""
+    path = resolve_preset(kind, name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """``["a.b=1", "--c=x"]`` -> nested dict ``{"a": {"b": 1}, "c": "x"}``; values parsed as YAML scalars/lists."""
     out: dict[str, Any] = {}
@@ -226,13 +238,7 @@ def load_config(
         # nested config objects given in a dict preset are turned back into plain dicts for decoding
         data = {k: draccus.encode(v) if dataclasses.is_dataclass(v) else v for k, v in preset.items()}
     elif preset is not None:
-        path = resolve_preset(kind, preset)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        data = read_preset(kind, preset)
     data = _merge(data, parse_overrides(overrides or []))
     _check_keys(cls, data)
     try:
