@@ -311,4 +311,6 @@ def test_sim_fraction_splits_the_mass_between_sim_and_real() -> None:
         split_by_kind(probs[:2] / probs[:2].sum(), ["real", "real"], 0.3, "m")
     mix = get_mixture("oxe_droid_sim")
     assert {e.kind for e in mix.datasets} == {"real", "sim"}
-    assert {e.name for e in mix.datasets if e.kind == "sim"} == {e.name for e in get_mixture("sim_mix").datasets}
+    assert {e.name for e in mix.datasets if e.kind == "sim"} == {
+        e.name for e in get_mixture("sim_mix").datasets
+    }

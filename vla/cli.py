@@ -233,15 +233,20 @@ def cmd_sim_preview(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _train_logging() -> None:
     import logging
-
-    from vla.train.config import load_train_config
-    from vla.train.trainer import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3", "transformers", "accelerate", "OpenGL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+
+    from vla.train.config import load_train_config
+    from vla.train.trainer import train
+
+    _train_logging()
     cfg = load_train_config(args.config, args.overrides)
     if args.dry_run:
         from vla.train.plan import dry_run, mixture_embodiments
@@ -252,6 +257,46 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = train(cfg, args.run_dir)
     if result.last_checkpoint is not None and int(os.environ.get("RANK", "0")) == 0:
         print(f"done: step {result.step}, checkpoint {result.last_checkpoint}")
+    return 0
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from vla.embodiments import get_embodiment
+    from vla.train.config import load_finetune_config
+    from vla.train.trainer import train
+
+    _train_logging()
+    spec = get_embodiment(args.embodiment)  # a registered name or a spec YAML (`vla embodiment draft`)
+    cfg = load_finetune_config(args.preset, args.init, args.overrides)
+    result = train(cfg, args.run_dir, require_embodiment=spec.name)
+    if result.last_checkpoint is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"done: step {result.step}, checkpoint {result.last_checkpoint}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vla.models.hub import from_pretrained, save_pretrained
+    from vla.models.run_dir import resolve_checkpoint
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --out")
+    src = resolve_checkpoint(args.checkpoint)
+    model = from_pretrained(src)
+    if getattr(model, "adapter_reference", None) is not None:
+        if not args.merge:
+            raise ValueError(
+                f"{src} is an adapter checkpoint (LoRA / frozen-backbone fine-tune); pass --merge to fold the "
+                "adapters into the weights and write a plain folder"
+            )
+        from vla.models.lora import has_lora, merge_lora
+
+        if has_lora(model):
+            merge_lora(model)
+        model.adapter_reference = None
+    print(f"wrote {save_pretrained(model, out)} (from {src})")
     return 0
 
 
@@ -428,6 +473,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--embodiment", action="append", help="with --dry-run: embodiment table (default: the mixture's)"
     )
     s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser(
+        "finetune",
+        help="fine-tune a checkpoint on a (new) robot: vla finetune INIT --embodiment NAME_OR_YAML --run-dir DIR",
+        description="`vla train` with a fine-tuning preset (LoRA by default): INIT is a vla train run or step folder "
+        "(or a vla model init folder), the data comes from --set data.datasets=[...]. Re-running resumes.",
+    )
+    s.add_argument(
+        "init", help="checkpoint to start from: run folder (newest complete step), step or model folder"
+    )
+    s.add_argument("--embodiment", required=True, help="the robot: a registered name or a spec YAML file")
+    s.add_argument("--run-dir", required=True)
+    s.add_argument(
+        "--preset",
+        default="finetune_lora",
+        help="finetune_lora (default), finetune_lora_r32, finetune_frozen_backbone, finetune_full, or a YAML file",
+    )
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    s.set_defaults(fn=cmd_finetune)
+
+    s = sub.add_parser("export", help="write a checkpoint as a plain model folder (LoRA merged with --merge)")
+    s.add_argument("checkpoint", help="step or run folder (its newest complete step)")
+    s.add_argument("--merge", action="store_true", help="fold LoRA adapters into the weights")
+    s.add_argument("--out", required=True)
+    s.add_argument("--overwrite", action="store_true")
+    s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
     s.add_argument("--workdir", default="outputs/demo")

@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import draccus
 import torch
@@ -55,10 +55,15 @@ PREPROCESSING = "preprocessing.json"
 
 
 def save_pretrained(
-    model: FlowVLA, out_dir: str | Path, *, state_dict: dict[str, torch.Tensor] | None = None
+    model: FlowVLA,
+    out_dir: str | Path,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    adapter: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` to ``out_dir`` atomically (see the module docstring). ``state_dict``: the weights to write
-    instead of the model's own (e.g. the full weights gathered from an FSDP2-sharded model)."""
+    instead of the model's own (e.g. the full weights gathered from an FSDP2-sharded model). ``adapter``: write an
+    adapter folder instead (``vla.models.adapters``: the trainable tensors plus this reference to the base)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     preprocessing = _check_preprocessing(getattr(model, "preprocessing", None))
@@ -72,8 +77,14 @@ def save_pretrained(
             "policy": model.cfg.policy,
             "model": draccus.encode(model.cfg),
         }
+        if adapter is not None:
+            cfg["vla_adapter"] = adapter
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        if state_dict is None:
+        if adapter is not None:
+            from vla.models.adapters import save_adapter, trainable_state
+
+            save_adapter(tmp, trainable_state(model))
+        elif state_dict is None:
             save_model(model, str(tmp / "model.safetensors"))
         else:
             save_file(
@@ -153,8 +164,11 @@ def _local_dir(path: str | Path) -> Path:
 
 
 def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu") -> FlowVLA:
-    """Rebuild a model saved by ``save_pretrained`` (architecture from the folder, weights from safetensors)."""
-    root = _local_dir(path)
+    """Rebuild a model saved by ``save_pretrained`` (architecture from the folder, weights from safetensors).
+    ``path``: a checkpoint folder, a training step folder, a run folder (its newest complete step) or a hub id."""
+    from vla.models.run_dir import resolve_checkpoint
+
+    root = resolve_checkpoint(_local_dir(path))
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{root}: no config.json; this is not a vla checkpoint folder")
@@ -170,6 +184,14 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         raise ValueError(
             f"{cfg_file}: vla_format_version {version} is not supported by this vla (reads {list(READS)})"
         )
+    if "vla_adapter" in meta:  # a fine-tune stored as what changed: base + adapters
+        from vla.models.adapters import load_adapter_model
+
+        model = load_adapter_model(root, meta, map_location)
+        model.norm_stats = _load_stats(root)
+        pre = root / PREPROCESSING
+        model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
+        return model
     cfg: ModelConfig = load_model_config(meta["model"])
     specs = []
     for name in cfg.embodiments:
@@ -177,11 +199,7 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         if not f.is_file():
             raise FileNotFoundError(f"{root}: embodiment spec {f.name} listed in config.json is missing")
         specs.append(EmbodimentSpec.from_yaml(f))
-    stats = None
-    if (root / "norm_stats.json").is_file():
-        from vla.data.normalize import StatsFile
-
-        stats = StatsFile.load(root / "norm_stats.json")
+    stats = _load_stats(root)
     with empty_weights():  # the weights come from the file: no random initialisation first
         backbone = VLMBackbone.from_config(cfg.backbone, weights=False, path=str(root / "backbone"))
         model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
@@ -190,6 +208,14 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
     pre = root / PREPROCESSING
     model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
     return model.to(map_location)
+
+
+def _load_stats(root: Path) -> StatsFile | None:
+    if not (root / "norm_stats.json").is_file():
+        return None
+    from vla.data.normalize import StatsFile
+
+    return StatsFile.load(root / "norm_stats.json")
 
 
 def model_card(model: FlowVLA) -> str:

@@ -421,7 +421,9 @@ def make_tiny_backbone(
 
         info["transformers_version"] = transformers.__version__
         (tmp / PRESET_FILE).write_text(json.dumps({**record, **info}, indent=2, sort_keys=True) + "\n")
-        if _is_complete(out_dir, record):  # a concurrent builder (another rank) finished first: keep its copy,
+        if _is_complete(
+            out_dir, record
+        ):  # a concurrent builder (another rank) finished first: keep its copy,
             return out_dir  # never delete a complete preset that other processes may be reading
         if out_dir.exists():  # an older or different preset (checked above): replace it
             shutil.rmtree(out_dir)

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vla.config import (
     ConfigError,
     DataConfig,
@@ -33,9 +31,10 @@ from vla.config import (
     config_to_dict,
     load_config,
     parse_overrides,
-    resolve_preset,
+    read_preset,
 )
 from vla.models.config import ModelConfig
+from vla.models.lora import LoraSettings
 
 PRECISIONS = ("fp32", "bf16")
 STRATEGIES = ("auto", "single", "ddp", "fsdp2")
@@ -161,6 +160,31 @@ class EMAConfig:
         _require(0 <= self.decay < 1, f"ema.decay must be in [0, 1) (0 = off), got {self.decay}")
 
 
+FINETUNE_MODES = ("none", "lora", "full", "frozen_backbone")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning a checkpoint (``vla finetune INIT``): ``mode`` ``none`` = pretraining from scratch; ``lora`` =
+    peft LoRA on the backbone's language layers and the expert (``lora.*``) plus the fine-tuned embodiments' head
+    slots and tokens, everything else frozen; ``frozen_backbone`` = the expert plus those slots; ``full`` =
+    everything the model config leaves trainable. ``init`` is the checkpoint (set by ``vla finetune``)."""
+
+    mode: str = "none"
+    init: str | None = None
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.mode in FINETUNE_MODES,
+            f"finetune.mode must be one of {FINETUNE_MODES}, got {self.mode!r}",
+        )
+        _require(
+            self.mode == "none" or bool(self.init),
+            f"finetune.mode={self.mode!r} needs a checkpoint to start from: `vla finetune INIT ...`",
+        )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """One training (or fine-tuning) run."""
@@ -173,6 +197,7 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 #: keys whose change makes a checkpoint unusable for this run (checked on resume); everything else is compatible
@@ -194,6 +219,9 @@ INCOMPATIBLE = (
     "train.seed",
     "train.grad_accum",
     "optim.betas",
+    "finetune.mode",
+    "finetune.init",
+    "finetune.lora",
 )
 
 
@@ -210,10 +238,7 @@ def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
     preset = value.pop("preset", None)
     if preset is None:
         return value
-    path = resolve_preset(kind, preset)
-    loaded = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    loaded = read_preset(kind, preset)
     if kind == "data":  # the model decides the image size; only an explicit data.image_size competes with it
         loaded.pop("image_size", None)
     return _merge(loaded, value)
@@ -222,16 +247,31 @@ def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
 def _read_preset(preset: str | Path | dict[str, Any] | None) -> dict[str, Any]:
     if isinstance(preset, dict):
         return dict(preset)
-    if preset is None:
-        return {}
-    path = resolve_preset("train", preset)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+    return {} if preset is None else read_preset("train", preset)
+
+
+def load_finetune_config(
+    preset: str | Path | dict[str, Any] | None, init: str | Path, overrides: list[str] | None = None
+) -> TrainConfig:
+    """``vla finetune``'s config: the preset (e.g. ``finetune_lora``) with the model section taken from the
+    checkpoint ``init`` (a run, step or plain checkpoint folder: it defines the architecture) and
+    ``finetune.init`` set to it."""
+    import json
+
+    from vla.models.run_dir import resolve_checkpoint
+
+    root = resolve_checkpoint(init)
+    config = root / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(
+            f"{init}: no checkpoint there ({config} missing); pass a vla train run or step folder"
+        )
+    model = dict(json.loads(config.read_text())["model"])
+    model["embodiments"] = []  # the table comes from the checkpoint plus the data
+    raw = _read_preset(preset)
+    raw["model"] = model
+    raw.setdefault("finetune", {})["init"] = str(root)
+    return load_train_config(raw, overrides)
 
 
 def load_train_config(

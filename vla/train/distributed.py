@@ -143,9 +143,12 @@ class Runtime:
             options=StateDictOptions(ignore_frozen_params=True, strict=False),
         )
 
-    def save_model_folder(self, model: nn.Module, wrapped: nn.Module, out: Path) -> None:
+    def save_model_folder(
+        self, model: nn.Module, wrapped: nn.Module, out: Path, *, adapter: dict[str, Any] | None = None
+    ) -> None:
         """Collective: rank 0 writes ``out`` as a ``from_pretrained`` folder with one consolidated
-        model.safetensors (under FSDP2 the full weights are gathered to rank 0's CPU first)."""
+        model.safetensors (under FSDP2 the full weights are gathered to rank 0's CPU first), or, with ``adapter``
+        (a fine-tune's base reference), as an adapter folder holding only the trainable tensors."""
         from vla.models.hub import save_pretrained
 
         if self.strategy == "fsdp2":
@@ -158,7 +161,7 @@ class Runtime:
                 save_pretrained(model, out, state_dict=full)
             return
         if self.is_main:
-            save_pretrained(model, out)
+            save_pretrained(model, out, adapter=adapter)
 
 
 @contextlib.contextmanager

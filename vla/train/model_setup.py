@@ -57,10 +57,13 @@ def build_model(
     stats = loader_stats(loader)
     if init_from is not None:
         model = from_pretrained(resolve_checkpoint(init_from))
-        if model.cfg.backbone != cfg.model.backbone or model.cfg.expert != cfg.model.expert:
+        model.base_embodiments = list(model.embodiment_ids)
+        theirs, ours = _architecture(model.cfg), _architecture(cfg.model)
+        if theirs != ours:
+            diff = ", ".join(f"{k}: {theirs[k]!r} vs {ours[k]!r}" for k in theirs if theirs[k] != ours[k])
             raise ValueError(
-                f"{init_from}: its model config differs from this run's model.* settings; drop the model.* "
-                "overrides (the checkpoint defines the architecture)"
+                f"{init_from}: its architecture differs from this run's model.* settings ({diff}); drop those "
+                "model.* overrides (the checkpoint defines the architecture)"
             )
         for name in names:
             if name not in model.embodiment_ids:
@@ -73,6 +76,22 @@ def build_model(
     model.preprocessing = preprocessing(cfg, loader)
     _check_image_size(cfg, model)
     return model
+
+
+def _architecture(cfg: Any) -> dict[str, Any]:
+    """The model-config fields that shape the weights (gradient checkpointing and freezing do not)."""
+    b, e = cfg.backbone, cfg.expert
+    return {
+        "backbone.family": b.family,
+        "backbone.num_vlm_layers": b.num_vlm_layers,
+        "backbone.image_size": b.image_size,
+        "expert.width_ratio": e.width_ratio,
+        "expert.mlp_ratio": e.mlp_ratio,
+        "expert.num_layers": e.num_layers,
+        "max_state_dim": cfg.max_state_dim,
+        "max_action_dim": cfg.max_action_dim,
+        "chunk_length": cfg.chunk_length,
+    }
 
 
 def _check_image_size(cfg: TrainConfig, model: FlowVLA) -> None:

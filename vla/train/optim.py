@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import torch
 from torch import nn
@@ -36,9 +36,12 @@ def _decays(name: str, p: torch.Tensor) -> bool:
     return p.dim() >= 2 and not name.endswith(".bias") and "norm" not in name and "embed" not in name
 
 
-def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:
+def param_groups(
+    named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig, no_decay: Collection[str] = ()
+) -> list[dict]:
     """AdamW groups ``{"params", "lr", "weight_decay", "name"}`` of the trainable parameters, named
-    ``<component>`` or ``<component>/no_decay``; empty groups are left out."""
+    ``<component>`` or ``<component>/no_decay``; empty groups are left out. ``no_decay``: names that never decay
+    (tables trained row-wise: decay would move their frozen rows)."""
     lrs = {
         "backbone": cfg.backbone_lr if cfg.backbone_lr is not None else cfg.lr,
         "expert": cfg.expert_lr if cfg.expert_lr is not None else cfg.lr,
@@ -48,7 +51,7 @@ def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) ->
     for name, p in named:
         if not p.requires_grad:
             continue
-        component, decay = _group_of(name), _decays(name, p)
+        component, decay = _group_of(name), _decays(name, p) and name not in no_decay
         key = component if decay else f"{component}/no_decay"
         g = groups.setdefault(
             key,
@@ -67,9 +70,11 @@ def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) ->
     return list(groups.values())
 
 
-def build_optimizer(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(
+    named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig, no_decay: Collection[str] = ()
+) -> torch.optim.AdamW:
     """Torch's AdamW, fused where the parameters' device supports it (CUDA, and CPU since torch 2.4)."""
-    groups = param_groups(named, cfg)
+    groups = param_groups(named, cfg, no_decay)
     kwargs = {"betas": tuple(cfg.betas), "eps": cfg.eps}
     if cfg.fused:
         try:

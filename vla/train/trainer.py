@@ -13,6 +13,7 @@ in: 2 processes x batch 4 compute the same step as 1 process x batch 8.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import resource
 import time
@@ -63,22 +64,39 @@ class Trainer:
     """Builds everything a ``TrainConfig`` describes in ``run_dir`` (resuming it when it holds a checkpoint) and
     runs ``train.steps`` optimizer steps."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, init_from: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        *,
+        init_from: str | Path | None = None,
+        require_embodiment: str | None = None,
+    ) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.rt = Runtime.start(cfg.distributed)
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
         self.loader = build_loader(cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True)
-        if self.rt.is_main:  # rank 0 materializes a local backbone folder (tiny preset) before the others read it
+        if require_embodiment is not None and require_embodiment not in self.loader.embodiment_ids:
+            raise ValueError(
+                f"--embodiment {require_embodiment!r}: the data ({', '.join(str(d) for d in cfg.data.datasets)}) "
+                f"maps to {sorted(self.loader.embodiment_ids)}, not to it; check the dataset's robot_type or the spec"
+            )
+        init_from = init_from or cfg.finetune.init
+        if (
+            self.rt.is_main
+        ):  # rank 0 materializes a local backbone folder (tiny preset) before the others read it
             resolve_pretrained(cfg.model.backbone.pretrained)
         self.rt.barrier()
         self.model = build_model(
             cfg, self.loader, init_from=self.resume_from or init_from, seed=cfg.train.seed
         )
+        self.data_embodiments = sorted(self.loader.embodiment_ids)
         self.loader.embodiment_ids.clear()
         self.loader.embodiment_ids.update(self.model.embodiment_ids)
+        no_decay = self._prepare_finetune()
         self.wrapped = self.rt.wrap(self.model, cfg.train.precision)
-        self.optimizer = build_optimizer(self.model.named_parameters(), cfg.optim)
+        self.optimizer = build_optimizer(self.model.named_parameters(), cfg.optim, no_decay)
         self.table_version = getattr(self.model, "table_version", 0)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.ema = self._init_ema()
@@ -87,6 +105,30 @@ class Trainer:
         if self.resume_from is not None:
             self._resume(self.resume_from)
         self.val_loader = self._build_val_loader()
+
+    # ---- fine-tuning -------------------------------------------------------------------------------------------
+    def _prepare_finetune(self) -> list[str]:
+        """Freeze / wrap for ``finetune.mode`` and remember the base the adapter checkpoints refer to."""
+        ft = self.cfg.finetune
+        self.adapter_ref = None
+        if ft.mode == "none":
+            return []
+        if ft.mode != "full" and self.rt.strategy == "fsdp2":
+            raise ValueError(
+                f"finetune.mode={ft.mode!r} runs with DDP or one process; FSDP2 fine-tuning is finetune.mode=full"
+            )
+        from vla.models.adapters import base_reference
+        from vla.models.run_dir import resolve_checkpoint
+        from vla.train.finetune import prepare_finetune
+
+        torch.manual_seed(self.cfg.train.seed)  # LoRA's A matrices are drawn here: same seed, same run
+        no_decay = prepare_finetune(self.model, ft, self.data_embodiments)
+        if ft.mode != "full":
+            previous = getattr(self.model, "adapter_reference", None)  # resuming: the original base's names
+            base = previous["base_embodiments"] if previous else self.model.base_embodiments
+            lora = dataclasses.asdict(ft.lora) if ft.mode == "lora" else None
+            self.adapter_ref = base_reference(resolve_checkpoint(ft.init), base, lora)
+        return no_decay
 
     # ---- run folder and resume ---------------------------------------------------------------------------
     def _check_run_dir(self) -> Path | None:
@@ -201,8 +243,6 @@ class Trainer:
         tc = self.cfg.train
         if not tc.val_every:
             return None
-        import dataclasses
-
         from vla.config import AugmentConfig
 
         data = dataclasses.replace(
@@ -393,7 +433,7 @@ class Trainer:
             ckpt.clean_partials(self.run_dir)
         rt.barrier()
         with self._ema_weights():
-            rt.save_model_folder(self.model, self.wrapped, tmp)
+            rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
         rt.barrier()
         ckpt.save_train_state(
             tmp, rank=rt.rank, app_state=self._app_state(), loader_state=self.loader.state_dict()
@@ -418,9 +458,15 @@ class Trainer:
         return final or self.run_dir / CHECKPOINTS / ckpt.step_dir_name(step)
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, *, init_from: str | Path | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    init_from: str | Path | None = None,
+    require_embodiment: str | None = None,
+) -> TrainResult:
     """Run (or resume) a training run in ``run_dir``; returns where it ended."""
-    trainer = Trainer(cfg, run_dir, init_from=init_from)
+    trainer = Trainer(cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment)
     try:
         return trainer.run()
     finally:

@@ -1,0 +1,169 @@
+"""`vla finetune` / `vla export`: a pretrained tiny checkpoint fine-tuned on a new robot body (LoRA, frozen backbone,
+full), adapter checkpoints that hold only what changed, exact resume, merged export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import kill_inside_checkpoint, run_cli, tiny_dataset
+
+from vla.models.hub import from_pretrained
+from vla.models.run_dir import latest_complete
+from vla.models.testing import synthetic_batch
+
+SETS = [
+    "train.steps=4",
+    "train.save_every=2",
+    "logging.every=1",
+    "logging.progress=false",
+    "optim.warmup_steps=1",
+]
+
+
+def _sets(*over: str) -> list[str]:
+    return [x for a in over for x in ("--set", a)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny model pretrained 4 steps on a WidowX dataset, and a dataset of a robot it has never seen (UR5e)."""
+    root = tmp_path_factory.mktemp("ft")
+    wx = tiny_dataset(root, "wx")
+    ur5e = tiny_dataset(root, "ur5e_demos", robot_type="sim_ur5e", seed=3)
+    run = root / "pretrain"
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(f"data.datasets=[{wx}]", *SETS)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run, ur5e
+
+
+def _finetune(base_run: Path, data: Path, run: Path, *extra: str, preset: str = "finetune_lora"):
+    args = ["finetune", str(base_run), "--embodiment", "sim_ur5e", "--run-dir", str(run), "--preset", preset]
+    return run_cli([*args, *_sets(f"data.datasets=[{data}]", "data.num_workers=0", *SETS, *extra)])
+
+
+def test_lora_finetune_changes_only_adapters_and_the_new_slot(
+    base: tuple[Path, Path], tmp_path: Path
+) -> None:
+    base_run, ur5e = base
+    r = _finetune(base_run, ur5e, tmp_path / "ft")
+    assert r.returncode == 0, r.stderr[-3000:]
+    step = latest_complete(tmp_path / "ft")
+    meta = json.loads((step / "config.json").read_text())
+    ref = meta["vla_adapter"]
+    assert ref["base"] == str(latest_complete(base_run).resolve()) and len(ref["base_sha256"]) == 64
+    assert ref["base_embodiments"] == ["widowx_bridge"] and ref["lora"]["r"] == 16
+    assert not (step / "model.safetensors").exists() and (step / "adapter.safetensors").is_file()
+    full = (latest_complete(base_run) / "model.safetensors").stat().st_size
+    assert (step / "adapter.safetensors").stat().st_size < full  # only what changed
+    stored = load_file(str(step / "adapter.safetensors"))
+    assert any("lora_A" in k for k in stored) and "heads.action_out.weight" in stored
+
+    tuned = from_pretrained(tmp_path / "ft")  # run folder -> newest step; base + new slot + LoRA + tensors
+    plain = from_pretrained(latest_complete(base_run))
+    assert list(tuned.embodiment_ids) == ["widowx_bridge", "sim_ur5e"]
+    tuned_params = dict(tuned.named_parameters())
+    for name, p in plain.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        mine = tuned_params.get(name)
+        if mine is None:  # a projection LoRA wraps: its weight moved to <module>.base_layer.<leaf>
+            mine = tuned_params[f"{owner}.base_layer.{leaf}"]
+        if name.startswith(("heads.", "embodiment_tokens.")):
+            assert torch.equal(mine[:1], p), name  # the WidowX slot: bitwise unchanged
+        else:
+            assert torch.equal(mine, p), name  # every base weight: bitwise unchanged
+    assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in stored.items() if "lora_B" in k)
+
+
+def test_export_merge_gives_the_adapter_models_actions(base: tuple[Path, Path], tmp_path: Path) -> None:
+    base_run, ur5e = base
+    assert _finetune(base_run, ur5e, tmp_path / "ft").returncode == 0
+    r = run_cli(["export", str(tmp_path / "ft"), "--out", str(tmp_path / "plain")])
+    assert r.returncode == 2 and "pass --merge" in r.stderr
+    r = run_cli(["export", str(tmp_path / "ft"), "--merge", "--out", str(tmp_path / "merged")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    merged = from_pretrained(tmp_path / "merged").eval()
+    tuned = from_pretrained(tmp_path / "ft").eval()
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert "vla_adapter" not in json.loads((tmp_path / "merged" / "config.json").read_text())
+    batch = synthetic_batch(
+        merged, batch_size=2, image_hw=(48, 64), embodiments=["sim_ur5e", "widowx_bridge"]
+    )
+    noise = torch.randn(2, 8, merged.cfg.max_action_dim, generator=torch.Generator().manual_seed(0))
+    a = tuned.sample_actions(batch, noise=noise)
+    b = merged.sample_actions(batch, noise=noise)
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_finetune_resume_after_kill_is_exact(base: tuple[Path, Path], tmp_path: Path) -> None:
+    base_run, ur5e = base
+    assert _finetune(base_run, ur5e, tmp_path / "straight").returncode == 0
+    killed = tmp_path / "killed"
+    args = ["finetune", str(base_run), "--embodiment", "sim_ur5e", "--run-dir", str(killed)]
+    kill_inside_checkpoint(
+        [*args, *_sets(f"data.datasets=[{ur5e}]", "data.num_workers=0", *SETS)], killed, step=4
+    )
+    assert latest_complete(killed).name == "step-0000002"
+    assert _finetune(base_run, ur5e, killed).returncode == 0
+    a = load_file(str(latest_complete(tmp_path / "straight") / "adapter.safetensors"))
+    b = load_file(str(latest_complete(killed) / "adapter.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_changed_base_is_refused(base: tuple[Path, Path], tmp_path: Path) -> None:
+    base_run, ur5e = base
+    copy = tmp_path / "base_copy"
+    shutil.copytree(latest_complete(base_run), copy)
+    assert _finetune(copy, ur5e, tmp_path / "ft").returncode == 0
+    weights = copy / "model.safetensors"
+    state = load_file(str(weights))
+    key = next(iter(state))
+    state[key] = state[key] + 1
+    from safetensors.torch import save_file
+
+    save_file(state, str(weights))
+    with pytest.raises(ValueError, match="changed since the fine-tune"):
+        from_pretrained(tmp_path / "ft")
+
+
+@pytest.mark.parametrize("preset", ["finetune_frozen_backbone", "finetune_full"])
+def test_other_finetune_modes(preset: str, base: tuple[Path, Path], tmp_path: Path) -> None:
+    base_run, ur5e = base
+    r = _finetune(base_run, ur5e, tmp_path / "ft", preset=preset)
+    assert r.returncode == 0, r.stderr[-3000:]
+    step = latest_complete(tmp_path / "ft")
+    if preset == "finetune_full":
+        assert (step / "model.safetensors").is_file()
+    else:
+        stored = load_file(str(step / "adapter.safetensors"))
+        assert any(k.startswith("expert.") for k in stored) and not any(
+            k.startswith("backbone.") for k in stored
+        )
+    model = from_pretrained(step)
+    assert list(model.embodiment_ids) == ["widowx_bridge", "sim_ur5e"]
+
+
+def test_finetune_embodiment_must_match_the_data(base: tuple[Path, Path], tmp_path: Path) -> None:
+    base_run, ur5e = base
+    args = ["finetune", str(base_run), "--embodiment", "sim_panda", "--run-dir", str(tmp_path / "ft")]
+    r = run_cli([*args, *_sets(f"data.datasets=[{ur5e}]", *SETS)])
+    assert r.returncode == 2 and "--embodiment 'sim_panda'" in r.stderr and "sim_ur5e" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "preset", ["finetune_lora", "finetune_lora_r32", "finetune_frozen_backbone", "finetune_full"]
+)
+def test_finetune_presets_parse_with_the_checkpoints_model(preset: str, base: tuple[Path, Path]) -> None:
+    from vla.train.config import load_finetune_config
+
+    base_run, ur5e = base
+    cfg = load_finetune_config(preset, base_run, [f"data.datasets=[{ur5e}]"])
+    assert cfg.finetune.init == str(latest_complete(base_run))
+    assert cfg.model.backbone.pretrained == "tiny:smolvlm" and cfg.data.image_size == 64
+    assert cfg.finetune.mode in ("lora", "frozen_backbone", "full")
+    if preset.startswith("finetune_lora"):
+        assert cfg.finetune.lora.r == (32 if preset.endswith("r32") else 16)
