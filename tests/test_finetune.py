@@ -167,3 +167,25 @@ def test_finetune_presets_parse_with_the_checkpoints_model(preset: str, base: tu
     assert cfg.finetune.mode in ("lora", "frozen_backbone", "full")
     if preset.startswith("finetune_lora"):
         assert cfg.finetune.lora.r == (32 if preset.endswith("r32") else 16)
+
+
+def test_lora_adapter_checkpoint_is_small_at_the_bench_config() -> None:
+    """At the bench_smolvla config with r=16, what an adapter checkpoint stores (LoRA matrices + the embodiment
+    tables) is <= 10 % of the full model's parameters (counted on the meta device: nothing is allocated)."""
+    from vla.embodiments import get_embodiment
+    from vla.models.config import load_model_config
+    from vla.models.lora import LoraSettings, apply_lora, lora_parameter_names
+    from vla.models.meta import build_on_meta
+    from vla.train.finetune import masked_tables
+
+    model = build_on_meta(
+        load_model_config("bench_smolvla"), [get_embodiment("widowx_bridge"), get_embodiment("sim_ur5e")]
+    )
+    total = sum(p.numel() for p in model.parameters())
+    apply_lora(model, LoraSettings(r=16))
+    params = dict(model.named_parameters())
+    stored = sum(params[n].numel() for n in [*lora_parameter_names(model), *masked_tables(model)])
+    assert sum(p.numel() for p in model.parameters()) == total + sum(
+        params[n].numel() for n in lora_parameter_names(model)
+    )
+    assert stored / total <= 0.10, stored / total
