@@ -189,3 +189,25 @@ def test_lora_adapter_checkpoint_is_small_at_the_bench_config() -> None:
         params[n].numel() for n in lora_parameter_names(model)
     )
     assert stored / total <= 0.10, stored / total
+
+
+@pytest.mark.slow  # compiling the serving graphs takes ~1-2 minutes on 2 CPU cores; the eager path runs above
+def test_compiled_serving_uses_the_adapters(base: tuple[Path, Path], tmp_path: Path) -> None:
+    base_run, ur5e = base
+    assert _finetune(base_run, ur5e, tmp_path / "ft").returncode == 0
+    assert (
+        run_cli(["export", str(tmp_path / "ft"), "--merge", "--out", str(tmp_path / "merged")]).returncode
+        == 0
+    )
+    merged = from_pretrained(tmp_path / "merged").eval()
+    tuned = from_pretrained(tmp_path / "ft").prepare_inference(compile=True)
+    batch = synthetic_batch(
+        merged, batch_size=2, image_hw=(48, 64), embodiments=["sim_ur5e", "widowx_bridge"]
+    )
+    noise = torch.randn(2, 8, merged.cfg.max_action_dim, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        tuned.sample_actions(batch, noise=noise),
+        merged.sample_actions(batch, noise=noise),
+        atol=1e-4,
+        rtol=1e-4,
+    )
