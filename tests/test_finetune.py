@@ -211,3 +211,29 @@ def test_compiled_serving_uses_the_adapters(base: tuple[Path, Path], tmp_path: P
         atol=1e-4,
         rtol=1e-4,
     )
+
+
+def test_finetune_an_unregistered_robot_from_its_spec_file(base: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--embodiment path/to/my_arm.yaml`: a robot no config knows, trained from its spec file alone."""
+    import yaml
+
+    from vla.embodiments import EMBODIMENTS, get_embodiment
+    from vla.paths import config_dir
+
+    spec = yaml.safe_load((config_dir() / "embodiments" / "sim_ur5e.yaml").read_text())
+    spec["name"] = "my_arm_ft"
+    spec_file = tmp_path / "my_arm_ft.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    assert "my_arm_ft" not in EMBODIMENTS
+    assert (
+        get_embodiment(spec_file).name == "my_arm_ft"
+    )  # registered for this process: the stats pass finds it
+    data = tiny_dataset(tmp_path, "my_arm_demos", robot_type="my_arm_ft", seed=5)
+    base_run, _ = base
+    args = ["finetune", str(base_run), "--embodiment", str(spec_file), "--run-dir", str(tmp_path / "ft")]
+    r = run_cli([*args, *_sets(f"data.datasets=[{data}]", "data.num_workers=0", *SETS)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    model = from_pretrained(tmp_path / "ft")
+    assert list(model.embodiment_ids) == ["widowx_bridge", "my_arm_ft"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        get_embodiment(tmp_path / "missing.yaml")
