@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""End-to-end training throughput (files -> loader -> model -> optimizer step), side by side with LeRobot 0.6.1's
+own training script on the same dataset (one JSON line).
+
+Setting (both sides): the LeRobot v3.0 dataset LeRobot's own writer produces for the data benchmark (``../shared/
+peer/peer_lerobot_bench.py make-dataset``: 6 episodes x 40 frames, two 96x128 AV1 cameras, 8-d state, 7-d action,
+two tasks), batch 8, 2 loader workers, action chunk 50, the ``configs/model/bench_smolvla.yaml`` architecture
+(= the peer's SmolVLA: tiny-but-real-shaped SmolVLM, 224 px, 8 VLM layers, 0.75-wide expert x 8 layers) with the
+backbone frozen, the same number of steps, the first ``--warmup`` steps not counted.
+
+* ours: ``vla train debug --run-dir DIR --set model=bench_smolvla --set data.datasets=[PATH] ...`` as a user runs
+  it (a subprocess), per-step ``step_time_s`` / ``data_wait_s`` read from ``DIR/metrics.jsonl``; fp32 and bf16
+  autocast. The dataset's ``robot_type`` (``synthetic_7dof``) gets an embodiment spec (the model benchmark's
+  ``BENCH_SPEC``: state 8, action 7, chunk 50, primary + wrist cameras) in a config folder of its own
+  (``VLA_CONFIG_DIR``; everything else there links to ``configs/``), so LeRobot's generic key map applies.
+* LeRobot: ``lerobot-train`` with SmolVLA on CPU (``benchmarks/peer_lerobot_train.py`` in the peer venv), timed from
+  its own per-step ``updt_s`` + ``data_s`` log fields; fp32 and bf16 (``policy.use_amp``).
+
+Per side and precision: samples/s over all timed steps and at the median step (a shared machine's bursts hit
+single steps of either side; the median is robust to them), data-wait fraction of step time (ours: waiting for the
+batch; LeRobot's ``data_s`` also holds its preprocessor, which runs in the main process), MFU (the FLOPs of one
+training step counted by the model benchmark, over the step time, against the same dtype's matmul peak measured by
+the model benchmark's ``peak`` child at the start and the end of this run, the higher kept), peak RSS of the main
+process and of the largest process (loader workers included). On CPUs without native bf16 matmuls (no
+AVX512-BF16/AMX) bf16 autocast is far slower than fp32 on both sides; its MFU against that dtype's tiny matmul peak
+exceeds 1 because autocast keeps much of the step in fp32.
+
+    .venv/bin/python benchmarks/train.py [--steps 30] [--warmup 5] [--skip-peer] [--out FILE.json]
+
+The peer runs only where its venv exists (``../shared/peer/setup_lerobot_venv.sh``; ``$PEER_VENV``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import REPO, emit, run_child, run_in_peer_venv, stats3
+
+BENCH_DIR = Path(__file__).resolve().parent
+OWN_CACHE = Path(os.environ.get("VLA_BENCH_CACHE", "/tmp/vla_bench_data"))
+CHUNK = 50  # bench_smolvla's chunk and SmolVLA's chunk_size in the peer settings
+
+
+# ---- setup -------------------------------------------------------------------------------------------------------
+def bench_config_dir(robot_type: str) -> Path:
+    """A ``VLA_CONFIG_DIR`` with every file of ``configs/`` plus an embodiment named after the dataset's robot_type."""
+    from model import BENCH_SPEC
+
+    from vla.embodiments import EmbodimentSpec
+
+    root = OWN_CACHE / "train_bench_configs"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for sub in (REPO / "configs").iterdir():
+        if sub.name != "embodiments":
+            (root / sub.name).symlink_to(sub)
+    emb = root / "embodiments"
+    emb.mkdir()
+    for f in (REPO / "configs" / "embodiments").glob("*.yaml"):
+        (emb / f.name).symlink_to(f)
+    EmbodimentSpec.from_dict({**BENCH_SPEC, "name": robot_type}).to_yaml(emb / f"{robot_type}.yaml")
+    return root
+
+
+def write_stats(dataset: Path, env: dict[str, str]) -> Path:
+    """``vla data stats`` of the dataset, written to our cache (the peer's dataset folder is left as LeRobot wrote it)."""
+    out = OWN_CACHE / "train_bench_stats.json"
+    vla_cli = [sys.executable, "-m", "vla.cli"]
+    subprocess.run([*vla_cli, "data", "stats", str(dataset), "--out", str(out)], check=True, env=env)
+    return out
+
+
+def cpu_model() -> str:
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+# ---- our side (child process) ------------------------------------------------------------------------------------
+def train_command(job: dict, run_dir: Path) -> list[str]:
+    """The ``vla train`` invocation (``python -m vla.cli train`` is the ``vla train`` console script)."""
+    sets = {
+        "model": "bench_smolvla",
+        "data.datasets": f"[{job['dataset']}]",
+        "data.stats_path": job["stats"],
+        "data.batch_size": job["batch"],
+        "data.num_workers": job["workers"],
+        "data.image_size": job["image_size"],
+        "data.chunk_length": CHUNK,
+        "train.steps": job["steps"],
+        "train.save_every": job["steps"],
+        "train.seed": 0,
+        "train.precision": job["precision"],
+        "logging.every": 1,
+    }
+    args = [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
+    return [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run_dir), *args]
+
+
+def summarize_metrics(rows: list[dict], job: dict) -> dict:
+    """Throughput and data wait over the logged steps after ``warmup`` (``metrics.jsonl`` rows, events skipped)."""
+    steps = sorted((r for r in rows if "event" not in r and "step_time_s" in r), key=lambda r: r["step"])
+    if len(steps) != job["steps"]:
+        raise RuntimeError(f"expected {job['steps']} step rows in metrics.jsonl, found {len(steps)}")
+    timed = steps[job["warmup"] :]
+    step = [r["step_time_s"] for r in timed]
+    wait = [r["data_wait_s"] for r in timed]
+    n = len(timed) * job["batch"]
+    out = {
+        "timed_steps": len(timed),
+        "s_per_step": stats3(step),
+        "data_wait_s": stats3(wait),
+        "samples_per_s": n / sum(step),
+        "samples_per_s_median_step": job["batch"] / statistics.median(step),
+        "data_wait_frac": sum(wait) / sum(step),
+        "loss_first_last": [steps[0]["loss"], steps[-1]["loss"]],
+        "peak_rss_main_mb": max(r["peak_rss_mb"] for r in steps),
+    }
+    if job["warmup"] and "time" in steps[0]:  # wall clock between logged steps, as a cross-check
+        wall = [b["time"] - a["time"] for a, b in zip(steps[job["warmup"] - 1 :], timed)]
+        out["wall_s_per_step"] = stats3(wall)
+        out["samples_per_s_wall"] = n / sum(wall)
+    return out
+
+
+def child_ours(job: dict) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix="vla-train-bench-")) / "run"
+    cmd = train_command(job, run_dir)
+    env = {**os.environ, "VLA_CONFIG_DIR": job["config_dir"], "WANDB_MODE": "offline"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout)[-3000:], "command": " ".join(cmd[1:])}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    res = summarize_metrics(rows, job)
+    res |= {
+        "wall_s_total": wall,
+        "command": "vla " + " ".join(cmd[3:]),
+        # the largest single process of the run (main or a loader worker): RUSAGE_CHILDREN reports the maximum
+        "peak_rss_any_process_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        **{k: job[k] for k in ("steps", "warmup", "batch", "workers", "precision", "image_size")},
+    }
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    return res
+
+
+# ---- comparison --------------------------------------------------------------------------------------------------
+#: Throughput two ways: over all timed steps (what a run delivers, stalls included) and at the median step (robust
+#: to the stalls another job on a shared machine causes; both sides see such spikes).
+RATES = ("samples_per_s", "samples_per_s_median_step")
+
+
+def mfu(side: dict, flops: float | None, peak: dict, dtype: str, batch: int) -> dict:
+    """Achieved TFLOP/s (training FLOPs per step x steps/s) and its fraction of the dtype's matmul peak, per rate."""
+    key = f"{dtype}_tflops"
+    if not flops or key not in peak:
+        return {}
+    out: dict = {"against": key}
+    for rate in RATES:
+        if side.get(rate):
+            tflops = flops * side[rate] / batch / 1e12
+            out[rate] = {"tflops": tflops, "mfu": tflops / peak[key]}
+    return out
+
+
+def compare(res: dict, batch: int) -> None:
+    """Speed-ups (ours over LeRobot's samples/s), MFU and the targets: ours >= 1.5x LeRobot, data wait < 5 %."""
+    flops = res["flops"].get("flops_per_step")
+    peak = res["matmul_peak"]
+    peer = res.get("peer_lerobot", {})
+    for name, side in (*res["ours"].items(), *peer.items()):
+        side["mfu"] = mfu(side, flops, peak, "bf16" if name.endswith("bf16") else "fp32", batch)
+    ratios: dict = {rate: {} for rate in RATES}
+    targets = {}
+    for rate in RATES:
+        for ours, o in res["ours"].items():
+            for theirs, p in peer.items():
+                if o.get(rate) and p.get(rate):
+                    ratios[rate][f"ours_{ours}_vs_lerobot_{theirs}"] = o[rate] / p[rate]
+        for prec in ("fp32", "bf16"):
+            ratio = ratios[rate].get(f"ours_{prec}_vs_lerobot_{prec}")
+            if ratio is not None:
+                targets[f"{prec}_speedup_ge_1.5x_by_{rate}"] = ratio >= 1.5
+    for prec, o in res["ours"].items():
+        if "data_wait_frac" in o:
+            targets[f"{prec}_data_wait_lt_5pct"] = o["data_wait_frac"] < 0.05
+    res["speedup"], res["targets"] = ratios, targets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cmd", nargs="?", default="bench", choices=["bench", "_child"])
+    ap.add_argument("job", nargs="?")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--image-size", type=int, default=0, help="data.image_size (default: the model's backbone.image_size)"
+    )
+    ap.add_argument("--precisions", default="fp32,bf16", help="our side")
+    ap.add_argument("--peer-precisions", default="fp32,bf16")
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    if args.cmd == "_child":
+        print("RESULT " + json.dumps(child_ours(json.loads(args.job))), flush=True)
+        return
+    if args.warmup < 1 or args.steps <= args.warmup:
+        ap.error(f"need 1 <= --warmup < --steps, got warmup {args.warmup}, steps {args.steps}")
+    from data_loader import ensure_lerobot_dataset
+
+    from vla.data.readers import open_dataset
+    from vla.models.tiny import tiny_backbone_path
+
+    if not args.image_size:  # the loader resizes once, to what the vision tower reads (vla train requires it)
+        from vla.models.config import load_model_config
+
+        args.image_size = load_model_config("bench_smolvla").backbone.image_size
+    OWN_CACHE.mkdir(parents=True, exist_ok=True)
+    dataset, provenance = ensure_lerobot_dataset()
+    robot_type = open_dataset(dataset).robot_type
+    config_dir = bench_config_dir(robot_type)
+    stats = write_stats(dataset, {**os.environ, "VLA_CONFIG_DIR": str(config_dir)})
+    tiny_backbone_path("smolvlm", "bench")  # built once, outside the timed runs
+    common = {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "workers": args.workers}
+    res: dict = {
+        "benchmark": "train",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+        "setting": {
+            **common,
+            "threads": args.threads,
+            "action_chunk": CHUNK,
+            "model": "configs/model/bench_smolvla.yaml",
+            "image_size": args.image_size,
+            "frozen_backbone": True,
+        },
+        "dataset": {"path": str(dataset), "provenance": provenance, "robot_type": robot_type},
+        "ours": {},
+    }
+    model_py = str(BENCH_DIR / "model.py")
+    # 1024: on CPUs without native bf16 matmuls (no AVX512-BF16/AMX) one 2048 bf16 matmul takes ~20 s
+    peak_job = {"kind": "peak", "threads": args.threads, "n": 1024}
+    peaks = [run_child(model_py, peak_job)]
+    # the model benchmark's count of one step's forward + backward FLOPs: same architecture, batch, cameras,
+    # chunk and prompts (the dataset's two tasks) as these runs; one extra timed step comes with it
+    flops_job = {"kind": "train", "batch": args.batch, "amp": "fp32", "threads": args.threads, "iters": 1}
+    counted = run_child(model_py, {**flops_job, "warmup": 0})
+    res["flops"] = {
+        "flops_per_step": counted.get("flops_per_step"),
+        "counted_by": "benchmarks/model.py child_train",
+    }
+    for precision in args.precisions.split(","):
+        job = {**common, "precision": precision, "image_size": args.image_size, "dataset": str(dataset),
+               "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
+        res["ours"][precision] = run_child(__file__, job)
+    if not args.skip_peer:
+        res["peer_lerobot"] = {}
+        for amp in args.peer_precisions.split(","):
+            job = {**common, "amp": amp, "threads": args.threads, "root": str(dataset)}
+            res["peer_lerobot"][amp] = run_in_peer_venv(str(BENCH_DIR / "peer_lerobot_train.py"), job)
+    # measured again at the end: on a shared machine one measurement can land in another job's burst
+    peaks.append(run_child(model_py, peak_job))
+    res["matmul_peak"] = {
+        **{k: max(p.get(k, 0.0) for p in peaks) for k in ("fp32_tflops", "bf16_tflops")},
+        "n": 1024,
+        "measurements": peaks,
+    }
+    compare(res, args.batch)
+    res["load_average_at_end"] = os.getloadavg()
+    emit(res, args.out)
+
+
+if __name__ == "__main__":
+    main()
