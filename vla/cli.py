@@ -58,6 +58,11 @@ def cmd_data_show(args: argparse.Namespace) -> int:
 def cmd_data_stats(args: argparse.Namespace) -> int:
     from vla.data.stats import compute_stats, write_stats
 
+    if args.embodiment:  # a spec file (e.g. drafted) for a robot_type no config registers
+        from vla.embodiments import get_embodiment
+
+        get_embodiment(args.embodiment)
+
     if len(args.path) == 1:
         path = write_stats(args.path[0], out=args.out, max_episodes=args.max_episodes)
     else:  # one embodiment-wide set over several datasets (stats files cannot be merged exactly afterwards)
@@ -300,6 +305,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embodiment_draft(args: argparse.Namespace) -> int:
+    from vla.data.draft_spec import write_draft
+
+    summary = write_draft(args.dataset, args.name, args.out, overwrite=args.overwrite)
+    print(f"wrote {args.out}: state {summary['state_dim']}, action {summary['action_dim']}, "
+          f"{summary['control_hz']:g} Hz, cameras {summary['cameras']}")  # fmt: skip
+    if summary["unused_cameras"]:
+        print(f"cameras without a slot: {summary['unused_cameras']}")
+    if summary["robot_type"] != args.name:
+        print(f"note: the dataset's robot_type is {summary['robot_type']!r}; a LeRobot dataset maps onto the spec "
+              f"whose name equals its robot_type, so name the spec {summary['robot_type']!r} to train on it")  # fmt: skip
+    print(
+        "check every TODO in the file, then: vla data stats DATASET --embodiment FILE; vla finetune ... --embodiment FILE"
+    )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from vla.demo import run_demo
 
@@ -334,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default=None, help="output JSON (default: <dataset>/meta/vla_stats.json or the cache)"
     )
     s.add_argument("--max-episodes", type=int, default=None)
+    s.add_argument(
+        "--embodiment", default=None, help="spec YAML of the dataset's robot_type when no config registers it"
+    )
     s.set_defaults(fn=cmd_data_stats)
 
     s = data.add_parser("validate", help="report every problem in one pass (exit 1 if any)")
@@ -499,6 +524,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--overwrite", action="store_true")
     s.set_defaults(fn=cmd_export)
+
+    emb = sub.add_parser("embodiment", help="robot specs").add_subparsers(
+        dest="embodiment_command", required=True
+    )
+    s = emb.add_parser("draft", help="draft an EmbodimentSpec YAML from a dataset of a new robot")
+    s.add_argument("dataset", help="LeRobot v2.1/v3 or RLDS dataset folder")
+    s.add_argument("--name", required=True, help="the spec's name (use the dataset's robot_type)")
+    s.add_argument("--out", required=True, help="NAME.yaml")
+    s.add_argument("--overwrite", action="store_true")
+    s.set_defaults(fn=cmd_embodiment_draft)
 
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
     s.add_argument("--workdir", default="outputs/demo")

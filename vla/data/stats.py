@@ -54,9 +54,16 @@ def _standardizer(readers: Sequence[DatasetReader]) -> EpisodeFn:
     for r in readers:
         keymaps[id(r)] = keymap_for(r)
         if keymaps[id(r)] is None:
+            robot = getattr(r, "robot_type", None)
+            hint = (
+                f" Its robot_type {robot!r} is not a registered embodiment: draft a spec with `vla embodiment draft "
+                f"{r.path} --name {robot} --out {robot}.yaml` and pass --embodiment {robot}.yaml."
+                if robot
+                else ""
+            )
             raise ValueError(
                 f"{r.path}: dataset {r.name!r} has no registered key map, so its state/action cannot be "
-                "standardized; add one under vla/data/keymaps/."
+                f"standardized; add one under vla/data/keymaps/.{hint}"
             )
     return lambda reader, split, episode: standardize_episode(reader, split, episode, keymaps[id(reader)])
 
