@@ -231,3 +231,38 @@ def test_episode_or_frame_out_of_range(
         capsys, "model", "predict", checkpoint, dataset, "--episode", episode, "--frame", frame
     )
     assert rc == 2 and out == "" and message in err
+
+
+def _write_preprocessing(folder: Path, **values: Any) -> None:
+    (folder / "preprocessing.json").write_text(json.dumps(values))
+
+
+def test_the_checkpoints_preprocessing_is_applied(
+    checkpoint: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``preprocessing.json`` (what ``vla train`` saves): its chunk length, and its per-dataset stats keys."""
+    args = ("--episode", 1, "--frame", 3, "--seed", 2)
+    base = predict(capsys, checkpoint, dataset, *args)
+    short = shutil.copytree(checkpoint, tmp_path / "short")
+    _write_preprocessing(short, image_size=64, chunk_length=2, obs_history=1, normalize=True)
+    out = predict(capsys, short, dataset, *args)
+    assert np.array(out["actions"]).shape == (2, A) and len(out["recorded"]) == 2
+    np.testing.assert_allclose(out["recorded"], np.array(base["recorded"])[:2])
+    # Trained with the dataset's own "<embodiment>@<dataset>" stats: those unnormalize, not the embodiment's.
+    own = shutil.copytree(checkpoint, tmp_path / "own")
+    key = f"{EMBODIMENT}@{dataset.name}"
+
+    def shift_own(s: dict[str, Any]) -> None:
+        assert key in s
+        for name in ("mean", "min", "max", "q01", "q99"):
+            s[key]["action"][name] = [v + 0.25 for v in s[key]["action"][name]]
+
+    _edit_stats(own, shift_own)
+    assert (
+        predict(capsys, own, dataset, *args)["actions"] == base["actions"]
+    )  # no stats_keys: embodiment-wide
+    keys = {"state": key, "action": key}
+    _write_preprocessing(own, image_size=64, chunk_length=4, normalize=True, stats_keys={dataset.name: keys})
+    moved = np.array(predict(capsys, own, dataset, *args)["actions"])
+    quantile = np.array([m == "quantile" for m in SPEC.norm_modes("action")])
+    np.testing.assert_allclose(moved[:, quantile] - np.array(base["actions"])[:, quantile], 0.25, atol=1e-5)
