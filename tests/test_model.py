@@ -384,18 +384,7 @@ def test_bf16_inference_is_close_to_fp32() -> None:
 
 def _sample(batch: Batch, i: int) -> Batch:
     """Sample ``i`` of ``batch`` as a batch of one (every camera slot kept, present or not)."""
-    sel = slice(i, i + 1)
-    return Batch(
-        images={k: v[sel] for k, v in batch.images.items()},
-        image_mask={k: v[sel] for k, v in batch.image_mask.items()},
-        state=batch.state[sel],
-        state_mask=batch.state_mask[sel],
-        actions=batch.actions[sel],
-        action_mask=batch.action_mask[sel],
-        action_is_pad=batch.action_is_pad[sel],
-        prompt=batch.prompt[sel],
-        embodiment_id=batch.embodiment_id[sel],
-    )
+    return batch.rows(slice(i, i + 1))
 
 
 @pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])

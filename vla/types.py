@@ -134,6 +134,23 @@ class Batch:
     def batch_size(self) -> int:
         return int(self.embodiment_id.shape[0])
 
+    def rows(self, sel: slice) -> Batch:
+        """The samples ``sel`` of this batch (every camera slot kept, present or not; per-sample ``meta`` too)."""
+        return Batch(
+            images={k: v[sel] for k, v in self.images.items()},
+            image_mask={k: v[sel] for k, v in self.image_mask.items()},
+            state=self.state[sel],
+            state_mask=self.state_mask[sel],
+            actions=self.actions[sel],
+            action_mask=self.action_mask[sel],
+            action_is_pad=self.action_is_pad[sel],
+            prompt=self.prompt[sel],
+            embodiment_id=self.embodiment_id[sel],
+            meta={
+                k: v[sel] for k, v in self.meta.items() if isinstance(v, list) and len(v) == self.batch_size
+            },
+        )
+
     def validate(self) -> None:
         """Check every key's shape and dtype against the contract; raises ``ShapeError`` naming the key."""
         b = self.batch_size

@@ -35,17 +35,7 @@ SETUPS = {
 
 
 def rows(batch: Batch, sel: slice) -> Batch:
-    return Batch(
-        images={k: v[sel] for k, v in batch.images.items()},
-        image_mask={k: v[sel] for k, v in batch.image_mask.items()},
-        state=batch.state[sel],
-        state_mask=batch.state_mask[sel],
-        actions=batch.actions[sel],
-        action_mask=batch.action_mask[sel],
-        action_is_pad=batch.action_is_pad[sel],
-        prompt=batch.prompt[sel],
-        embodiment_id=batch.embodiment_id[sel],
-    )
+    return batch.rows(sel)
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
