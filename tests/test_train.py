@@ -314,9 +314,13 @@ def test_prune_keeps_the_newest_and_milestones_and_clean_removes_partials(tmp_pa
 def test_gradient_accumulation_equals_the_larger_batch(wx: Path, tmp_path: Path) -> None:
     """2 micro-batches of 2 per step compute the same steps as batches of 4: the loss is the masked mean over the
     whole global batch and flow noise is drawn per sample."""
-    big = train(load_train_config("debug", _args(wx, "data.batch_size=4", steps=3, save_every=3)), tmp_path / "a")
+    big = train(
+        load_train_config("debug", _args(wx, "data.batch_size=4", steps=3, save_every=3)), tmp_path / "a"
+    )
     acc = train(
-        load_train_config("debug", _args(wx, "data.batch_size=2", "train.grad_accum=2", steps=3, save_every=3)),
+        load_train_config(
+            "debug", _args(wx, "data.batch_size=2", "train.grad_accum=2", steps=3, save_every=3)
+        ),
         tmp_path / "b",
     )
     la, lb = [r["loss"] for r in metrics(tmp_path / "a")], [r["loss"] for r in metrics(tmp_path / "b")]
