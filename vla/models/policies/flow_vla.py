@@ -190,10 +190,12 @@ class FlowVLA(nn.Module):
         self._check_ids(ids)
         token = self.embodiment_tokens(ids)
         grad = torch.is_grad_enabled()
-        with torch.set_grad_enabled(grad and not self.backbone.frozen):
+        # a config-frozen backbone with trainable language-layer weights (LoRA adapters) runs with autograd
+        frozen = self.backbone.frozen and not any(p.requires_grad for p in self.backbone.layers.parameters())
+        with torch.set_grad_enabled(grad and not frozen):
             tokens, valid = self.backbone.embed_prefix(batch.images, batch.image_mask, batch.prompt, token)
             prefix = self.backbone(tokens, valid)
-        if grad and self.backbone.frozen and token.requires_grad:
+        if grad and frozen and token.requires_grad:
             prefix = self.backbone.refresh_summary_token(prefix, token)  # the token's row with autograd
         return prefix
 
