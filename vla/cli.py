@@ -308,16 +308,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_embodiment_draft(args: argparse.Namespace) -> int:
     from vla.data.draft_spec import write_draft
 
-    summary = write_draft(args.dataset, args.name, args.out, overwrite=args.overwrite)
-    print(f"wrote {args.out}: state {summary['state_dim']}, action {summary['action_dim']}, "
-          f"{summary['control_hz']:g} Hz, cameras {summary['cameras']}")  # fmt: skip
-    if summary["unused_cameras"]:
-        print(f"cameras without a slot: {summary['unused_cameras']}")
-    if summary["robot_type"] != args.name:
-        print(f"note: the dataset's robot_type is {summary['robot_type']!r}; a LeRobot dataset maps onto the spec "
-              f"whose name equals its robot_type, so name the spec {summary['robot_type']!r} to train on it")  # fmt: skip
+    draft = write_draft(args.dataset, args.name, args.out, overwrite=args.overwrite)
+    print(f"wrote {args.out}")
+    print("\n".join(draft.summary()))
     print(
-        "check every TODO in the file, then: vla data stats DATASET --embodiment FILE; vla finetune ... --embodiment FILE"
+        f"then: vla data stats {args.dataset} --embodiment {args.out}; "
+        f"vla finetune INIT --embodiment {args.out} --set data.datasets=[{args.dataset}] ..."
     )
     return 0
 

@@ -24,29 +24,45 @@ def _load_yaml_specs() -> None:
 EMBODIMENTS.add_loader(_load_yaml_specs)
 
 
-def get_embodiment(name_or_path: str | Path) -> EmbodimentSpec:
-    """A registered spec by name, or the spec in a YAML file (``--embodiment path/to/my_arm.yaml``, e.g. drafted
-    from a dataset). A spec loaded from a file is registered under its ``name`` for the rest of the process, so a
-    LeRobot dataset whose ``robot_type`` is that name maps to it like to any built-in robot."""
-    text = str(name_or_path)
-    if not text.endswith((".yaml", ".yml")) and not Path(text).is_file():
-        return EMBODIMENTS.get(text)
-    path = Path(text)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"embodiment spec file {path} does not exist (pass a registered name or a YAML file)"
-        )
-    spec = EmbodimentSpec.from_yaml(path)
+def register_embodiment(spec: EmbodimentSpec, *, where: str = "") -> EmbodimentSpec:
+    """Make ``spec`` resolvable by its ``name`` for the rest of the process (``get_embodiment(spec.name)``, and a
+    LeRobot dataset whose ``robot_type`` equals it). Registering an identical spec again is a no-op; a different
+    spec under a registered name is refused (``where`` names its origin, e.g. the YAML file, in that error)."""
     if spec.name in EMBODIMENTS:
         known = EMBODIMENTS.get(spec.name)
         if known.to_dict() != spec.to_dict():
             raise SpecError(
-                f"{path}: embodiment {spec.name!r} is already registered with a different spec; give the file's "
-                "spec another name (its `name:` field)"
+                f"{where or 'spec'}: embodiment {spec.name!r} is already registered with a different spec; give "
+                "this spec another name (its `name:` field)"
             )
         return known
     EMBODIMENTS.register(spec.name, spec)
     return spec
 
 
-__all__ = ["EMBODIMENTS", "CameraSpec", "EmbodimentSpec", "FieldSpec", "SpecError", "get_embodiment"]
+def get_embodiment(name_or_path: str | Path) -> EmbodimentSpec:
+    """A registered spec by name, or the spec in a ``.yaml``/``.yml`` file (``--embodiment path/to/my_arm.yaml``,
+    e.g. from ``vla embodiment draft``), registered under the ``name`` inside the file for the rest of the process
+    (``register_embodiment``), so a LeRobot dataset whose ``robot_type`` is that name maps to it like to any
+    built-in robot. A spec file must end in .yaml/.yml: a bare word is always a registered name."""
+    text = str(name_or_path)
+    if not text.endswith((".yaml", ".yml")):
+        return EMBODIMENTS.get(text)
+    path = Path(text)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"embodiment spec file {path} does not exist: pass a registered name ({', '.join(EMBODIMENTS.names())}) "
+            "or an existing spec YAML (draft one with `vla embodiment draft DATASET --name NAME --out NAME.yaml`)"
+        )
+    return register_embodiment(EmbodimentSpec.from_yaml(path), where=str(path))
+
+
+__all__ = [
+    "EMBODIMENTS",
+    "CameraSpec",
+    "EmbodimentSpec",
+    "FieldSpec",
+    "SpecError",
+    "get_embodiment",
+    "register_embodiment",
+]

@@ -9,7 +9,8 @@ name with wrist/hand/gripper is ``left_wrist``/``right_wrist`` when it also says
 front/top/high/agentview/exterior/overhead/main/static/scene -> ``primary``; side/low -> ``secondary``. Names are
 matched as whole alphabetic tokens (``cam_low`` -> low, ``wrist45_image`` -> wrist). A second camera for an
 occupied ``primary`` spills to ``secondary``; cameras left without a slot the spec has are not used (listed in the
-map's ``notes``).
+map's ``notes``). A spec whose ``extra.lerobot_cameras`` maps slots to image keys (``primary:
+observation.images.phone``) uses exactly that mapping instead, for camera names no heuristic knows.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ IMAGE_PREFIX = "observation.images."
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
 TASK_KEY = "task"
+#: ``extra`` key of an embodiment spec mapping camera slots to LeRobot image keys, overriding the name heuristics
+CAMERAS_EXTRA = "lerobot_cameras"
 
 _WRIST = {"wrist", "hand", "gripper"}
 _PRIMARY = {"front", "top", "high", "agentview", "exterior", "overhead", "main", "static", "scene"}
@@ -76,6 +79,17 @@ def action_space_of(spec: EmbodimentSpec) -> str:
     return "eef_abs" if kinds and all(a for _, a in kinds) else "eef_delta"
 
 
+def _camera_slots(spec: EmbodimentSpec, cams: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``(slot -> camera name, unused names)``: the spec's own ``extra.lerobot_cameras`` when it has one (camera
+    names no heuristic knows, e.g. a drafted spec's ``phone``), else ``assign_camera_slots`` by name."""
+    fixed = spec.extra.get(CAMERAS_EXTRA)
+    if not isinstance(fixed, dict):
+        return assign_camera_slots(cams, list(spec.cameras))
+    named = {slot: str(key).removeprefix(IMAGE_PREFIX) for slot, key in fixed.items() if slot in spec.cameras}
+    slots = {slot: name for slot, name in named.items() if name in cams}
+    return slots, [c for c in cams if c not in slots.values()]
+
+
 def _build(reader: DatasetReader) -> tuple[KeyMap | None, str]:
     robot = reader.robot_type
     if not robot:
@@ -95,7 +109,7 @@ def _build(reader: DatasetReader) -> tuple[KeyMap | None, str]:
         got = f"width {widths[STATE_KEY]}" if STATE_KEY in feats else "no such feature"
         return None, f"{STATE_KEY!r} must have width {spec.state_dim} for embodiment {robot!r}, found {got}"
     cams = [k[len(IMAGE_PREFIX) :] for k in reader.image_keys() if k.startswith(IMAGE_PREFIX)]
-    slots, unused = assign_camera_slots(cams, list(spec.cameras))
+    slots, unused = _camera_slots(spec, cams)
     features = {ACTION_KEY: f"float32[{spec.action_dim}]", TASK_KEY: "string"}
     state = ()
     if spec.state_dim:
@@ -127,4 +141,11 @@ def generic_keymap_reason(reader: DatasetReader) -> str:
     return _build(reader)[1]
 
 
-__all__ = ["action_space_of", "assign_camera_slots", "camera_slot", "generic_keymap", "generic_keymap_reason"]
+__all__ = [
+    "CAMERAS_EXTRA",
+    "action_space_of",
+    "assign_camera_slots",
+    "camera_slot",
+    "generic_keymap",
+    "generic_keymap_reason",
+]
