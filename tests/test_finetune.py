@@ -237,3 +237,14 @@ def test_finetune_an_unregistered_robot_from_its_spec_file(base: tuple[Path, Pat
     assert list(model.embodiment_ids) == ["widowx_bridge", "my_arm_ft"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         get_embodiment(tmp_path / "missing.yaml")
+
+
+def test_save_pretrained_refuses_unmerged_lora(tmp_path: Path) -> None:
+    from vla.models.hub import save_pretrained
+    from vla.models.lora import LoraSettings, apply_lora
+    from vla.models.testing import tiny_model
+
+    model = apply_lora(tiny_model(), LoraSettings(r=2))
+    with pytest.raises(ValueError, match="merge_lora"):
+        save_pretrained(model, tmp_path / "m")
+    assert not (tmp_path / "m").exists()

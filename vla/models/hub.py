@@ -65,6 +65,11 @@ def save_pretrained(
     instead of the model's own (e.g. the full weights gathered from an FSDP2-sharded model). ``adapter``: write an
     adapter folder instead (``vla.models.adapters``: the trainable tensors plus this reference to the base)."""
     out = Path(out_dir)
+    if adapter is None and any(".lora_" in name for name, _ in model.named_parameters()):
+        raise ValueError(
+            f"save_pretrained({out}): the model carries LoRA adapters; vla.models.lora.merge_lora(model) first (a "
+            "plain folder), or save it as an adapter checkpoint (adapter=...)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     preprocessing = _check_preprocessing(getattr(model, "preprocessing", None))
     for stale in _leftovers(out):
