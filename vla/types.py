@@ -193,3 +193,70 @@ class Batch:
             embodiment_id=mv(self.embodiment_id),
             meta=self.meta,
         )
+
+
+class ObservationError(ShapeError):
+    """An observation does not fit the embodiment it names; the message names the key and the fix."""
+
+
+@dataclass
+class Observation:
+    """One robot's observation at one control step, in the robot's own units (serving and closed-loop eval).
+
+    * ``images[slot]`` uint8 ``[h, w, 3]`` (the current frame, any size: it is resized exactly as the loader
+      resizes) or ``[T, h, w, 3]`` (an observation history, oldest first); ``slot`` is one of ``IMAGE_SLOTS``
+      and one of the embodiment's camera slots; a slot the robot has but the observation lacks is masked out
+    * ``state``  float ``[S]`` in the embodiment spec's state order and units
+    * ``prompt`` the language instruction; ``embodiment`` the name of the robot's spec
+    """
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    prompt: str
+    embodiment: str
+
+    def validate(self, spec: Any) -> None:
+        """Check every field against ``spec`` (an ``EmbodimentSpec``); raises ``ObservationError`` naming the key,
+        what was expected and what was received."""
+        where = f"observation for {self.embodiment!r}"
+        if self.embodiment != spec.name:
+            raise ObservationError(f"{where}: validated against spec {spec.name!r}")
+        if not isinstance(self.prompt, str):
+            raise ObservationError(f"prompt in {where}: expected str, got {type(self.prompt).__name__}")
+        if not isinstance(self.images, dict):
+            raise ObservationError(
+                f"images in {where}: expected a dict of camera slot -> image, got {type(self.images).__name__}"
+            )
+        for slot, img in self.images.items():
+            if slot not in spec.cameras:
+                raise ObservationError(
+                    f"images[{slot!r}] in {where}: the robot has no camera slot {slot!r}; its slots are "
+                    f"{sorted(spec.cameras)}"
+                )
+            if not isinstance(img, np.ndarray) or img.ndim not in (3, 4) or img.shape[-1] != 3:
+                got = f"shape {list(img.shape)}" if hasattr(img, "shape") else type(img).__name__
+                raise ObservationError(
+                    f"images[{slot!r}] in {where}: expected uint8 [h, w, 3] or [T, h, w, 3] (RGB, channels last), "
+                    f"got {got}"
+                )
+            if img.dtype != np.uint8:
+                raise ObservationError(
+                    f"images[{slot!r}] in {where}: expected dtype uint8 (0..255), got {img.dtype}; convert "
+                    "float images with (img * 255).round().astype(np.uint8)"
+                )
+            if min(img.shape[-3:-1]) < 1 or img.shape[0] < 1:
+                raise ObservationError(f"images[{slot!r}] in {where}: empty image of shape {list(img.shape)}")
+        state = self.state
+        if not isinstance(state, np.ndarray) or state.ndim != 1 or state.shape[0] != spec.state_dim:
+            got = f"shape {list(state.shape)}" if hasattr(state, "shape") else type(state).__name__
+            raise ObservationError(
+                f"state in {where}: expected [{spec.state_dim}] ({', '.join(spec.state_names())}), got {got}"
+            )
+        if not np.issubdtype(state.dtype, np.floating) and not np.issubdtype(state.dtype, np.integer):
+            raise ObservationError(f"state in {where}: expected a float array, got dtype {state.dtype}")
+        bad = np.flatnonzero(~np.isfinite(state.astype(np.float64)))
+        if bad.size:
+            names = spec.state_names()
+            raise ObservationError(
+                f"state in {where}: non-finite value(s) at {[names[i] for i in bad]}: {state[bad].tolist()}"
+            )
