@@ -282,11 +282,11 @@ def test_validate_max_episodes(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def assert_same_standardized(
-    src: Any, src_split: str, src_ep: int, dst: Any, dst_ep: int, exact: bool
+    src: Any, src_split: str, src_ep: int, dst: Any, dst_ep: int, exact: bool, dst_split: str = "train"
 ) -> int:
     """Standardized frames of the source episode == those of the converted episode; returns the frame count."""
     a = standardize_episode(src, src_split, src_ep)
-    b = standardize_episode(dst, "train", dst_ep)
+    b = standardize_episode(dst, dst_split, dst_ep)
     assert b.embodiment == a.embodiment
     assert len(b) == len(a) > 0
     np.testing.assert_array_equal(b.state, a.state)
@@ -294,7 +294,7 @@ def assert_same_standardized(
     assert b.prompt == a.prompt
     assert set(b.cameras) == set(a.cameras)
     imgs_a = src.read_images(src_split, src_ep, a.frames.tolist(), list(a.cameras.values()))
-    imgs_b = dst.read_images("train", dst_ep, b.frames.tolist(), list(b.cameras.values()))
+    imgs_b = dst.read_images(dst_split, dst_ep, b.frames.tolist(), list(b.cameras.values()))
     for slot in a.cameras:
         x, y = imgs_a[a.cameras[slot]], imgs_b[b.cameras[slot]]
         assert x.shape == y.shape
@@ -312,7 +312,8 @@ def test_convert_droid_rlds(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     dst = tmp_path / "droid_lerobot"
     rc, out, err = run_cli(capsys, "data", "convert", tmp_path / "droid", dst, "--to", "lerobot", *flags)
     assert rc == 0, err
-    assert out.strip() == f"wrote {dst}"
+    assert out.splitlines()[0] == f"wrote {dst}"
+    assert f"  split 'train': {len(episodes)} episodes" in out
 
     reader = LeRobotReader(dst)
     info = json.loads((dst / "meta" / "info.json").read_text())
@@ -336,22 +337,59 @@ def test_convert_bridge_fixture(
     bridge_fixture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dst = tmp_path / "bridge_lerobot"
-    rc, _, err = run_cli(capsys, "data", "convert", bridge_fixture, dst, "--to", "lerobot", "--no-video")
+    rc, out, err = run_cli(capsys, "data", "convert", bridge_fixture, dst, "--to", "lerobot", "--no-video")
     assert rc == 0, err
     reader = LeRobotReader(dst)
     src = open_dataset(bridge_fixture)
     assert reader.robot_type == "widowx_bridge" and reader.fps == 5
-    assert reader.num_episodes("train") == 50  # train and val, concatenated
-    seen = set()
-    for e in range(50):
-        meta = reader.episode_metadata("train", e)
-        split, episode = meta["source_split"], meta["source_episode"]
-        seen.add((split, episode))
-        assert meta["episode_id"] == src.episode_metadata(split, episode)["episode_id"]
-        # Bridge's dropped frames (all-zero first step, last step without a next state) are not written
-        assert assert_same_standardized(src, split, episode, reader, e, exact=True) == 8
-        assert reader.episode_length("train", e) == 8
-    assert seen == {(s, i) for s in ("train", "val") for i in range(25)}
+    # the val split stays val: nothing of it leaks into train
+    info = json.loads((dst / "meta" / "info.json").read_text())
+    assert info["splits"] == {"train": "0:25", "val": "25:50"}
+    assert reader.splits() == ["train", "val"]
+    assert [reader.num_episodes(s) for s in ("train", "val")] == [25, 25]
+    for split in ("train", "val"):
+        for e in range(25):
+            meta = reader.episode_metadata(split, e)
+            assert (meta["source_split"], meta["source_episode"]) == (split, e)
+            assert meta["episode_id"] == src.episode_metadata(split, e)["episode_id"]
+            # Bridge's dropped frames (all-zero first step, last step without a next state) are not written
+            assert assert_same_standardized(src, split, e, reader, e, exact=True, dst_split=split) == 8
+            assert reader.episode_length(split, e) == 8
+    lines = out.strip().splitlines()
+    assert lines[0] == f"wrote {dst}"
+    assert "  split 'train': 25 episodes, 200 frames" in lines
+    assert "  split 'val': 25 episodes, 200 frames" in lines
+    assert "  camera kept: observation/image_0 -> observation.images.primary" in lines
+    dropped = [line for line in lines if line.startswith("  camera dropped: ")]
+    assert sorted(line.split()[2] for line in dropped) == ["observation/image_2", "observation/image_3"]
+    assert all("no camera slot in the 'widowx_bridge' key map" in line for line in dropped)
+    frames_dropped = [line for line in lines if line.startswith("  frames dropped: ")]
+    assert frames_dropped and sum(int(line.split()[2]) for line in frames_dropped) == 100  # 2 per episode
+    assert any("drop_first" in line for line in frames_dropped)
+
+
+def test_convert_keeps_every_split_and_says_what_it_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(11)
+    train = [synthetic_droid_episode(rng, n, DROID_IMAGE) for n in (4, 5, 6)]
+    val = [synthetic_droid_episode(rng, n, DROID_IMAGE) for n in (7, 8)]
+    write_rlds(tmp_path / "droid" / "1.0.0", "droid", {"train": train, "val": val},
+               *droid_features(DROID_IMAGE))  # fmt: skip
+    dst = tmp_path / "out"
+    rc, out, err = run_cli(capsys, "data", "convert", tmp_path / "droid", dst, "--to", "lerobot", "--no-video")
+    assert rc == 0, err
+    info = json.loads((dst / "meta" / "info.json").read_text())
+    assert info["splits"] == {"train": "0:3", "val": "3:5"}
+    reader, src = LeRobotReader(dst), open_dataset(tmp_path / "droid")
+    for split, n in (("train", 3), ("val", 2)):
+        assert reader.num_episodes(split) == n
+        frames = sum(reader.episode_length(split, e) for e in range(n))
+        assert f"  split {split!r}: {n} episodes, {frames} frames" in out.splitlines()
+        for e in range(n):
+            assert reader.episode_metadata(split, e)["source_split"] == split
+            assert_same_standardized(src, split, e, reader, e, exact=True, dst_split=split)
+    assert "camera kept: " in out and "camera dropped: " not in out
 
 
 def test_convert_max_episodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -435,3 +473,20 @@ def test_convert_lerobot_without_key_map_copies_fields_as_stored(
             reader.read_images("train", e, frames, ["observation.images.front"])["observation.images.front"],
             src.read_images("train", e, frames, ["observation.images.front"])["observation.images.front"],
         )
+
+
+def test_convert_overwrite_replaces_only_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_droid(tmp_path / "droid", droid_episodes(12))
+    dst = tmp_path / "dst"
+    widowx_lerobot(dst, num_episodes=1)
+    argv = ("data", "convert", tmp_path / "droid", dst, "--to", "lerobot", "--no-video")
+    assert_user_error(*run_cli(capsys, *argv), str(dst), "--overwrite")
+    rc, _, err = run_cli(capsys, *argv, "--overwrite")
+    assert rc == 0, err
+    assert LeRobotReader(dst).robot_type == "franka_droid"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert_user_error(*run_cli(capsys, "data", "convert", tmp_path / "droid", mine, "--to", "lerobot",
+                               "--overwrite"), str(mine))  # fmt: skip
+    assert sorted(os.listdir(mine)) == ["notes.txt"]

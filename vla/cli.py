@@ -95,15 +95,16 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
 def cmd_data_convert(args: argparse.Namespace) -> int:
     from vla.data.convert import convert_dataset
 
-    out = convert_dataset(
+    summary = convert_dataset(
         args.src,
         args.dst,
         to=args.to,
         video=not args.no_video,
         vcodec=args.vcodec,
         max_episodes=args.max_episodes,
+        overwrite=args.overwrite,
     )
-    print(f"wrote {out}")
+    print(summary)
     return 0
 
 
@@ -115,19 +116,28 @@ def cmd_data_preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_transformers() -> None:
+    """Silence transformers' "Loading weights" bars and notices: a locally built model's loading says nothing new."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def cmd_model_init(args: argparse.Namespace) -> int:
     from vla.models.hub import init_checkpoint
 
-    stats = None
+    _quiet_transformers()
+    stats, found = None, None
     if args.stats_from:
         from vla.data.normalize import StatsFile
-        from vla.data.stats import find_stats
+        from vla.data.stats import find_stats, write_stats
 
         found = find_stats(args.stats_from)
-        if found is None:
-            raise FileNotFoundError(
-                f"no normalization stats for {args.stats_from}; run 'vla data stats {args.stats_from}' first"
-            )
+        if found is None:  # a fresh dataset: one streaming pass, saved where `vla data stats` would save it
+            print(f"computing normalization stats of {args.stats_from} (one pass) ...", file=sys.stderr)
+            found = write_stats(args.stats_from, progress=None)
+            print(f"wrote {found}", file=sys.stderr)
         stats = StatsFile.load(found)
     out = init_checkpoint(
         args.config,
@@ -136,14 +146,17 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         stats=stats,
         overrides=args.overrides,
         seed=args.seed,
+        overwrite=args.overwrite,
     )
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" (normalization stats from {found})" if found is not None else ""))
     return 0
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
+    from vla.models.hub import stats_coverage, stats_summary
     from vla.models.run_dir import resolve_checkpoint
 
+    _quiet_transformers()
     target = resolve_checkpoint(args.target)  # a run folder means its newest complete step
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         from vla.models.hub import from_pretrained
@@ -165,6 +178,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
                 "backbone": model.cfg.backbone.pretrained,
                 "embodiments": list(model.embodiment_ids),
                 "parameters": counts,
+                "norm_stats": stats_coverage(model.norm_stats, list(model.embodiment_ids)),
             }
         )
         return 0
@@ -173,6 +187,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
         f"({model.backbone.num_layers} language layers), expert {model.expert.width} x {len(model.expert.layers)}"
     )
     print(f"embodiments: {', '.join(model.embodiment_ids)}")
+    print(f"normalization stats: {stats_summary(model.norm_stats, list(model.embodiment_ids))}")
     print(f"{'component':<20}{'total':>16}{'trainable':>16}")
     for name, c in counts.items():
         print(f"{name:<20}{c['total']:>16,}{c['trainable']:>16,}")
@@ -201,7 +216,7 @@ def cmd_model_predict(args: argparse.Namespace) -> int:
 def cmd_data_merge(args: argparse.Namespace) -> int:
     from vla.data.merge import merge_datasets
 
-    print(merge_datasets(args.sources, args.out))
+    print(merge_datasets(args.sources, args.out, overwrite=args.overwrite))
     return 0
 
 
@@ -324,8 +339,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.workdir)
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except the uninformative ones (None, False, empty lists)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == [] or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose help shows defaults; sub-commands inherit the class (``add_subparsers``)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vla", description="Cross-embodiment vision-language-action models.")
+    from vla import __version__
+
+    p = _Parser(prog="vla", description="Cross-embodiment vision-language-action models.")
+    p.add_argument("--version", action="version", version=f"vla {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="inspect, validate, convert and summarize datasets").add_subparsers(
@@ -367,22 +402,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("src")
     s.add_argument("dst")
     s.add_argument("--to", choices=["lerobot"], required=True)
-    s.add_argument("--vcodec", choices=["av1", "h264"], default="av1")
+    s.add_argument("--vcodec", choices=["av1", "h264"], default="av1", help="video codec of the cameras")
     s.add_argument("--no-video", action="store_true", help="store images in parquet instead of video")
-    s.add_argument("--max-episodes", type=int, default=None)
+    s.add_argument("--max-episodes", type=int, default=None, help="at most this many episodes (all splits)")
+    s.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     s.set_defaults(fn=cmd_data_convert)
 
     s = data.add_parser("preview", help="render an episode: cameras side by side, state/action traces below")
     s.add_argument("path")
     s.add_argument("--split", default=None)
-    s.add_argument("--episode", type=int, default=0)
+    s.add_argument("--episode", type=int, default=0, help="episode index within the split")
     s.add_argument("--out", required=True, help="FILE.mp4 or FILE.gif")
-    s.add_argument("--fps", type=float, default=None)
+    s.add_argument("--fps", type=float, default=None, help="playback rate (default: the dataset's)")
     s.set_defaults(fn=cmd_data_preview)
 
     s = data.add_parser("merge", help="join LeRobot datasets with the same features (e.g. generation shards)")
     s.add_argument("sources", nargs="+")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="a new folder (not one of the sources)")
+    s.add_argument("--overwrite", action="store_true", help="replace a dataset already at --out")
     s.set_defaults(fn=cmd_data_merge)
 
     sim = sub.add_parser("sim", help="simulated demonstrations (MuJoCo)").add_subparsers(
@@ -397,15 +434,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--task", required=True, help="reach, pick_place, push, stack, drawer")
     s.add_argument("--episodes", type=int, required=True, help="episodes over all shards")
-    s.add_argument("--out", required=True)
-    s.add_argument("--workers", type=int, default=1)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="dataset folder (re-running with the same settings resumes)")
+    s.add_argument("--workers", type=int, default=1, help="processes simulating episodes")
+    s.add_argument("--seed", type=int, default=0, help="episode i's world is drawn from (seed, i)")
     s.add_argument(
         "--randomization", default="none", help="none|low|medium|high|reality_proxy or a YAML file"
     )
-    s.add_argument("--image-size", type=int, default=128)
-    s.add_argument("--shard", type=int, default=0)
-    s.add_argument("--num-shards", type=int, default=1)
+    s.add_argument("--image-size", type=int, default=128, help="camera images are SIZE x SIZE pixels")
+    s.add_argument("--shard", type=int, default=0, help="this run's block of episodes (array jobs)")
+    s.add_argument("--num-shards", type=int, default=1, help="blocks the episodes are split into")
     s.add_argument(
         "--keep-failed", action="store_true", help="keep unsuccessful demos (flagged success=false)"
     )
@@ -414,8 +451,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--embodiment", required=True)
     s.add_argument("--task", required=True)
     s.add_argument("--out", required=True, help="FILE.mp4 or FILE.gif")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--randomization", default="none")
+    s.add_argument("--seed", type=int, default=0, help="the episode's seed")
+    s.add_argument(
+        "--randomization", default="none", help="none|low|medium|high|reality_proxy or a YAML file"
+    )
     s.set_defaults(fn=cmd_sim_preview)
 
     model = sub.add_parser("model", help="create and inspect model checkpoints").add_subparsers(
@@ -428,9 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--embodiment", action="append", help="embodiment name (repeatable; default: the config's)"
     )
     s.add_argument(
-        "--stats-from", default=None, help="dataset whose `vla data stats` file goes into the checkpoint"
+        "--stats-from",
+        default=None,
+        help="dataset whose normalization stats go into the checkpoint (computed first if `vla data stats` "
+        "has not been run on it); they must cover every --embodiment",
     )
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the random initial weights")
+    s.add_argument("--overwrite", action="store_true", help="replace a checkpoint already at --out")
     s.add_argument(
         "--set",
         dest="overrides",

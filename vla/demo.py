@@ -93,7 +93,7 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
         print(f"{path.name}: {out}")
 
     _say("6. vla data convert (RLDS -> LeRobot v3.0, canonical layout)")
-    converted = convert_dataset(droid, work / "data" / "droid_lerobot", video=True)
+    converted = convert_dataset(droid, work / "data" / "droid_lerobot", video=True).out
     print(f"wrote {converted}: {dataset_info(converted)['splits']}")
 
     _say("7. vla data preview")

@@ -6,11 +6,19 @@ one camera per slot as ``observation.images.<slot>``, ``task`` = the instruction
 embodiment name (so our generic LeRobot key map reads it back) and the source's episode metadata per episode.
 Frames the key map drops (e.g. Bridge's all-zero first step) are not written. Without a key map, every numeric
 per-step field and every camera is copied as stored (``/`` in RLDS names becomes ``.``).
+
+Every split of the source is kept (``info.json`` ``splits``: one ``"start:stop"`` episode range each, in the
+source's split order), so a validation split never leaks into training. ``ConvertSummary`` says what changed:
+episodes and frames per split, cameras kept and dropped (and why), frames and episodes dropped (and why).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,69 @@ def writer_episode_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: to_jsonable(v) for k, v in meta.items() if k not in _RESERVED}
 
 
+@dataclass
+class ConvertSummary:
+    """What ``convert_dataset`` wrote: ``splits[name] = [episodes, frames]`` in the output, ``cameras`` output
+    feature -> source key, ``dropped_cameras`` source key -> why, ``dropped_frames`` / ``dropped_episodes`` reason
+    -> count."""
+
+    out: Path
+    source: str
+    splits: dict[str, list[int]] = field(default_factory=dict)
+    cameras: dict[str, str] = field(default_factory=dict)
+    dropped_cameras: dict[str, str] = field(default_factory=dict)
+    dropped_frames: Counter[str] = field(default_factory=Counter)
+    dropped_episodes: Counter[str] = field(default_factory=Counter)
+
+    def lines(self) -> list[str]:
+        """The summary as printed by ``vla data convert`` (first line: ``wrote DST``)."""
+        out = [f"wrote {self.out}"]
+        for split, (episodes, frames) in self.splits.items():
+            out.append(f"  split {split!r}: {episodes} episodes, {frames} frames")
+        for feature, key in self.cameras.items():
+            out.append(f"  camera kept: {key} -> {feature}")
+        for key, why in self.dropped_cameras.items():
+            out.append(f"  camera dropped: {key} ({why})")
+        for why, n in self.dropped_frames.items():
+            out.append(f"  frames dropped: {n} ({why})")
+        for why, n in self.dropped_episodes.items():
+            out.append(f"  episodes skipped: {n} ({why})")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _prepare_destination(dst: Path, overwrite: bool) -> None:
+    """Refuse an existing destination unless ``overwrite`` and it holds a dataset (never a folder of other files)."""
+    if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
+        return
+    is_dataset = (dst / "meta" / "info.json").is_file()
+    if overwrite and is_dataset:
+        shutil.rmtree(dst)
+        return
+    what = "holds a dataset" if is_dataset else "exists and is not an empty folder"
+    fix = (
+        "pass --overwrite to replace it, or choose a new destination"
+        if is_dataset
+        else "choose a new destination (--overwrite only replaces a dataset)"
+    )
+    raise FileExistsError(f"{dst} {what}; {fix}")
+
+
+def _camera_plan(reader: DatasetReader, keymap: Any | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(output feature -> source camera key kept, source camera key -> why it is dropped)."""
+    if keymap is None:
+        return {k.replace("/", "."): k for k in reader.image_keys()}, {}
+    kept = {f"observation.images.{slot}": key for slot, key in keymap.cameras.items()}
+    dropped = {
+        key: f"no camera slot in the {keymap.embodiment!r} key map"
+        for key in reader.image_keys()
+        if key not in keymap.cameras.values()
+    }
+    return kept, dropped
+
+
 def convert_dataset(
     src: str | Path,
     dst: str | Path,
@@ -47,28 +118,29 @@ def convert_dataset(
     vcodec: str = "av1",
     max_episodes: int | None = None,
     split: str | None = None,
-) -> Path:
-    """Convert ``src`` into a LeRobot v3.0 dataset at ``dst`` (which must not exist yet); returns ``dst``.
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> ConvertSummary:
+    """Convert ``src`` into a LeRobot v3.0 dataset at ``dst``; returns what was written (``ConvertSummary``).
 
-    All splits are concatenated (LeRobot stores one episode list); ``split`` restricts to one.
+    ``dst`` must not exist yet (or be an empty folder); ``overwrite`` replaces an existing dataset there. Every
+    split is kept (``split`` restricts to one); ``max_episodes`` caps the episodes over all splits. ``progress``:
+    a progress bar on stderr (``None``: only when stderr is a terminal).
     """
     if to != "lerobot":
         raise ValueError(f"--to {to!r}: only 'lerobot' (LeRobot v3.0) is supported")
+    from tqdm import tqdm
+
     from vla.data.standardize import keymap_for, standardize_episode
     from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
 
     dst = Path(dst)
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        what = (
-            "holds a dataset"
-            if (dst / "meta" / "info.json").exists()
-            else "exists and is not an empty folder"
-        )
-        raise FileExistsError(f"{dst} {what}; choose a new destination or delete it first")
     reader = open_dataset(src)
+    _prepare_destination(dst, overwrite)
     keymap = keymap_for(reader)
     splits = [split] if split else reader.splits()
     feats = reader.features()
+    cameras, dropped_cameras = _camera_plan(reader, keymap)
     if keymap is not None:
         from vla.embodiments import get_embodiment
 
@@ -81,11 +153,8 @@ def convert_dataset(
             "observation.state": {"dtype": "float32", "shape": [spec.state_dim], "names": spec.state_names()},
             "action": {"dtype": "float32", "shape": [spec.action_dim], "names": spec.action_names()},
         }
-        for slot, key in keymap.cameras.items():
-            features[f"observation.images.{slot}"] = {
-                "dtype": "video" if video else "image",
-                "shape": list(probe[key].shape[1:]),
-            }
+        for name, key in cameras.items():
+            features[name] = {"dtype": "video" if video else "image", "shape": list(probe[key].shape[1:])}
         robot_type = keymap.embodiment
     else:
         features = {}
@@ -101,54 +170,63 @@ def convert_dataset(
                 )
                 features[name] = {"dtype": dtype, "shape": list(f.shape) or [1]}
         robot_type = reader.robot_type
-    written = 0
+    summary = ConvertSummary(dst, str(src), cameras=cameras, dropped_cameras=dropped_cameras)
+    todo = [(s, e) for s in splits for e in range(reader.num_episodes(s))][:max_episodes]
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(todo, desc=f"convert {reader.name}", unit="ep", disable=not show)
     with LeRobotWriter(
         dst, _fps(reader, keymap), features, robot_type=robot_type, video=video, vcodec=vcodec, mode="create"
     ) as writer:
-        for s in splits:
-            for ep in range(reader.num_episodes(s)):
-                if max_episodes is not None and written >= max_episodes:
-                    break
-                meta = {
-                    "source_split": s,
-                    "source_episode": ep,
-                    **writer_episode_metadata(reader.episode_metadata(s, ep)),
-                }
-                if keymap is not None:
-                    std = standardize_episode(reader, s, ep, keymap)
-                    if len(std.frames) == 0:
-                        log.warning(
-                            "%s: %s episode %d keeps no frames after standardization; skipped", src, s, ep
-                        )
-                        continue
-                    imgs = reader.read_images(s, ep, std.frames.tolist(), list(keymap.cameras.values()))
-                    frames = {"observation.state": std.state, "action": std.action}
-                    frames |= {
-                        f"observation.images.{slot}": imgs[key] for slot, key in keymap.cameras.items()
-                    }
-                    tasks: list[str] | str = list(std.prompt)
-                else:
-                    raw = reader.read_episode(s, ep)
-                    idx = list(range(raw.length))
-                    imgs = reader.read_images(s, ep, idx, reader.image_keys())
-                    frames = {}
-                    for key in feats:
-                        name = key.replace("/", ".")
-                        if name not in features:
-                            continue
-                        value = imgs[key] if key in imgs else raw.steps[key]
-                        frames[name] = np.asarray(value).reshape(raw.length, *features[name]["shape"])
-                    text = next(
-                        (
-                            raw.steps[k]
-                            for k, f in feats.items()
-                            if f.kind == "string" and ("instruction" in k or k == "task")
-                        ),
-                        None,
-                    )
-                    tasks = [str(t) for t in text] if text is not None else "unknown task"
-                writer.add_episode(frames, tasks, meta)
-                written += 1
-    if written == 0:
-        raise ValueError(f"{src}: no episode was converted (all empty after standardization?)")
-    return dst
+        for s, ep in bar:
+            meta = {
+                "source_split": s,
+                "source_episode": ep,
+                **writer_episode_metadata(reader.episode_metadata(s, ep)),
+            }
+            if keymap is not None:
+                std = standardize_episode(reader, s, ep, keymap)
+                summary.dropped_frames.update(std.metadata.get("dropped", {}))
+                if len(std.frames) == 0:
+                    why = "no frames left after standardization"
+                    log.info("%s: %s episode %d: %s; skipped", src, s, ep, why)
+                    summary.dropped_episodes[why] += 1
+                    continue
+                imgs = reader.read_images(s, ep, std.frames.tolist(), list(keymap.cameras.values()))
+                frames = {"observation.state": std.state, "action": std.action}
+                frames |= {name: imgs[key] for name, key in cameras.items()}
+                tasks: list[str] | str = list(std.prompt)
+            else:
+                frames, tasks = _frames_as_stored(reader, s, ep, features)
+            writer.add_episode(frames, tasks, meta, split=s)
+            counts = summary.splits.setdefault(s, [0, 0])
+            counts[0], counts[1] = counts[0] + 1, counts[1] + len(next(iter(frames.values())))
+    if not summary.splits:
+        raise ValueError(
+            f"{src}: no episode was converted ({dict(summary.dropped_episodes) or 'no episodes'})"
+        )
+    return summary
+
+
+def _frames_as_stored(
+    reader: DatasetReader, split: str, episode: int, features: dict[str, dict[str, Any]]
+) -> tuple[dict[str, np.ndarray], list[str] | str]:
+    """Every feature of one episode copied as stored (no key map): ``{name: [T, *shape]}`` and its task strings."""
+    feats = reader.features()
+    raw = reader.read_episode(split, episode)
+    imgs = reader.read_images(split, episode, list(range(raw.length)), reader.image_keys())
+    frames = {}
+    for key in feats:
+        name = key.replace("/", ".")
+        if name not in features:
+            continue
+        value = imgs[key] if key in imgs else raw.steps[key]
+        frames[name] = np.asarray(value).reshape(raw.length, *features[name]["shape"])
+    text = next(
+        (
+            raw.steps[k]
+            for k, f in feats.items()
+            if f.kind == "string" and ("instruction" in k or k == "task")
+        ),
+        None,
+    )
+    return frames, [str(t) for t in text] if text is not None else "unknown task"

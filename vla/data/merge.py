@@ -13,6 +13,8 @@ video file, as the writer does for any episode whose stream does not match the c
 
 from __future__ import annotations
 
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import av
 import numpy as np
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from vla.data import video
 from vla.data.convert import writer_episode_metadata
@@ -96,10 +99,10 @@ def _video_stats(reader: LeRobotReader, keys: list[str]) -> dict[int, VideoStats
     return out
 
 
-def _cut_episode(reader: LeRobotReader, episode: int, keys: list[str], stats: VideoStats
+def _cut_episode(reader: LeRobotReader, split: str, episode: int, keys: list[str], stats: VideoStats
                  ) -> tuple[dict[str, bytes], str | None]:  # fmt: skip
     """The episode's MP4 per video key, cut out of the source by stream copy; or why it cannot be."""
-    record = reader.meta.episodes[reader.meta.splits["train"][episode]]
+    record = reader.meta.episodes[reader.meta.splits[split][episode]]
     if missing := [k for k in keys if not {"mean", "std", "min", "max", "count"} <= set(stats.get(k, {}))]:
         return {}, f"{reader.path} episode {record.index} has no image stats for {missing}"
     videos = {}
@@ -112,26 +115,67 @@ def _cut_episode(reader: LeRobotReader, episode: int, keys: list[str], stats: Vi
     return videos, None
 
 
-def merge_datasets(sources: list[str | Path], out: str | Path) -> MergeSummary:
+def _feature_difference(a: LeRobotReader, b: LeRobotReader) -> str | None:
+    """The first feature ``a`` and ``b`` disagree on, named with both kinds/shapes; None when they agree."""
+    fa = {k: (f.kind, list(f.shape)) for k, f in a.features().items()}
+    fb = {k: (f.kind, list(f.shape)) for k, f in b.features().items()}
+    for key in sorted(set(fa) | set(fb)):
+        if fa.get(key) != fb.get(key):
+
+            def shown(f: tuple[str, list[int]] | None) -> str:
+                return "missing" if f is None else f"{f[0]} {f[1]}"
+
+            return f"{key}: {shown(fa.get(key))} vs {shown(fb.get(key))}"
+    return None
+
+
+def _episodes_by_split(readers: list[LeRobotReader]) -> list[tuple[str, LeRobotReader, int, dict[str, Any]]]:
+    """Every (split, reader, episode, metadata): split by split (in order of first appearance), within a split by
+    ``sim_index`` when every episode has one (merged shards equal a single-run dataset), else source by source."""
+    splits = list(dict.fromkeys(s for r in readers for s in r.splits()))
+    items = []
+    for split in splits:
+        part = [(split, r, e, r.episode_metadata(split, e)) for r in readers if split in r.splits()
+                for e in range(r.num_episodes(split))]  # fmt: skip
+        if all("sim_index" in m for *_, m in part):
+            part.sort(key=lambda x: int(x[3]["sim_index"]))
+        items += part
+    return items
+
+
+def merge_datasets(
+    sources: list[str | Path], out: str | Path, *, overwrite: bool = False, progress: bool | None = None
+) -> MergeSummary:
     """Join LeRobot datasets with the same features (e.g. generation shards) into a new dataset at ``out``.
 
-    Episodes are ordered by their ``sim_index`` when every source has one (so merged shards equal a single-run
-    dataset), else source by source; episode metadata is kept. Videos are stream-copied where possible (see the
-    module docstring), low-dim features rewritten.
+    Every split is kept (the sources' episodes of a split together). Episodes are ordered by their ``sim_index``
+    when every source has one (so merged shards equal a single-run dataset), else source by source; episode
+    metadata is kept. Videos are stream-copied where possible (see the module docstring), low-dim features
+    rewritten. ``overwrite`` replaces a dataset already at ``out``; ``progress``: a progress bar on stderr
+    (``None``: only when stderr is a terminal).
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
-    readers = [LeRobotReader(s) for s in sources]
-    feats = [{k: (f.kind, f.shape) for k, f in r.features().items()} for r in readers]
-    for r, f in zip(readers[1:], feats[1:]):
-        if f != feats[0]:
-            raise ValueError(
-                f"{r.path} has features {f}, unlike {readers[0].path} {feats[0]}; only like datasets merge"
+    resolved = {Path(s).resolve() for s in sources}
+    if out.resolve() in resolved:
+        raise FileExistsError(f"--out {out} is one of the sources; merge into a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not (overwrite and (out / "meta" / "info.json").is_file()):
+            raise FileExistsError(
+                f"{out} exists and is not empty; choose a new --out"
+                + (
+                    " (or pass --overwrite to replace the dataset there)"
+                    if (out / "meta" / "info.json").is_file()
+                    else ""
+                )
             )
-    items = [(r, e, r.episode_metadata("train", e)) for r in readers for e in range(r.num_episodes("train"))]
-    if all("sim_index" in m for _, _, m in items):
-        items.sort(key=lambda x: int(x[2]["sim_index"]))
+        shutil.rmtree(out)
+    readers = [LeRobotReader(s) for s in sources]
+    for r in readers[1:]:
+        if diff := _feature_difference(readers[0], r):
+            raise ValueError(
+                f"{r.path} and {readers[0].path} differ in {diff}; only datasets with the same features merge"
+            )
+    items = _episodes_by_split(readers)
     info = readers[0].lerobot_info()
     user = {k: v for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     keys = [k for k, ft in user.items() if ft["dtype"] == "video"]
@@ -145,24 +189,27 @@ def merge_datasets(sources: list[str | Path], out: str | Path) -> MergeSummary:
                      if enc.get(f"video.{k}") is not None}  # fmt: skip
     stats = {r.path: _video_stats(r, keys) for r in readers} if copy else {}
     copied, reasons = 0, [] if copy else [blocker]
+    show = sys.stderr.isatty() if progress is None else progress
     with LeRobotWriter(out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="create",
                        **settings) as w:  # fmt: skip
-        for r, e, meta in items:
-            raw = r.read_episode("train", e)
+        for split, r, e, meta in tqdm(items, desc=f"merge -> {out.name}", unit="ep", disable=not show):
+            raw = r.read_episode(split, e)
             tasks, metadata = [str(t) for t in raw.steps["task"]], writer_episode_metadata(meta)
             if copy:
-                ep_stats = stats[r.path].get(r.meta.splits["train"][e], {})
-                videos, why = _cut_episode(r, e, keys, ep_stats)
+                ep_stats = stats[r.path].get(r.meta.splits[split][e], {})
+                videos, why = _cut_episode(r, split, e, keys, ep_stats)
                 if why is None:
                     frames = {k: raw.steps[k] for k in user if k not in keys}
                     episode = EncodedEpisode(raw.length, frames, videos, {k: ep_stats[k] for k in keys},
                                              video.available_encoder(codec), float(info["fps"]))  # fmt: skip
-                    w.add_encoded_episode(episode, tasks, metadata)
+                    w.add_encoded_episode(episode, tasks, metadata, split=split)
                     copied += 1
                     continue
                 reasons.append(why)
-            imgs = r.read_images("train", e, list(range(raw.length)), keys)
-            w.add_episode({k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}, tasks, metadata)
+            imgs = r.read_images(split, e, list(range(raw.length)), keys)
+            w.add_episode(
+                {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}, tasks, metadata, split=split
+            )
     reencoded = len(items) - copied if keys else 0
     shown = list(dict.fromkeys(reasons))
     reason = (

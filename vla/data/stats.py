@@ -118,7 +118,7 @@ def compute_stats(
     splits: Sequence[str] | None = None,
     max_episodes: int | None = None,
     workers: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
     num_bins: int = DEFAULT_BINS,
     episode_fn: EpisodeFn | None = None,
 ) -> StatsFile:
@@ -126,6 +126,7 @@ def compute_stats(
 
     ``max_episodes`` caps the episodes per dataset (evenly spread); ``workers > 0`` forks that many processes and
     merges their partial stats exactly. ``episode_fn`` replaces ``standardize_episode`` (tests, custom maps).
+    ``progress``: a progress bar on stderr (``None``: only when stderr is a terminal).
     """
     from vla.data.readers import open_dataset
 
@@ -142,7 +143,8 @@ def compute_stats(
         raise ValueError(
             f"no episodes to compute stats over in {[str(r.path) for r in readers]} (splits {splits})"
         )
-    bar = tqdm(total=len(tasks), desc="stats", unit="ep", disable=not progress)
+    # None: a bar on stderr only when it is a terminal (tqdm's own check)
+    bar = tqdm(total=len(tasks), desc="stats", unit="ep", disable=None if progress is None else not progress)
     accs: _Accs = {}
     counts: dict[int, list[int]] = {}
     if workers > 0:

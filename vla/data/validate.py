@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from vla.data.readers import DatasetReader, open_dataset
 
@@ -130,8 +131,11 @@ def _check_images(
             )
 
 
-def validate_dataset(path: str | Path, *, max_episodes: int | None = None) -> list[Problem]:
-    """All problems found in the dataset at ``path`` (empty list = clean)."""
+def validate_dataset(
+    path: str | Path, *, max_episodes: int | None = None, progress: bool | None = None
+) -> list[Problem]:
+    """All problems found in the dataset at ``path`` (empty list = clean). ``progress``: a progress bar over the
+    episodes on stderr (``None``: only when stderr is a terminal)."""
     try:
         reader = open_dataset(path)
         splits = reader.splits()
@@ -144,9 +148,12 @@ def validate_dataset(path: str | Path, *, max_episodes: int | None = None) -> li
     problems: list[Problem] = []
     # standardized state/action stats per embodiment, accumulated as we go (no frames kept in memory)
     per_embodiment: dict[str, dict[str, RunningStats]] = {}
-    for split in splits:
-        n = reader.num_episodes(split)
-        for ep in range(n if max_episodes is None else min(n, max_episodes)):
+    todo = [(s, e) for s in splits for e in range(reader.num_episodes(s))[:max_episodes]]
+    bar = tqdm(total=len(todo), desc=f"validate {reader.name}", unit="ep",
+               disable=None if progress is None else not progress)  # fmt: skip
+    with bar:
+        for split, ep in todo:
+            bar.update(1)
             where = f"{reader.path} split {split!r} episode {ep}"
             try:
                 raw = reader.read_episode(split, ep)

@@ -181,21 +181,26 @@ class LeRobotWriter:
         frames: dict[str, np.ndarray],
         tasks: str | Sequence[str],
         episode_metadata: dict[str, Any] | None = None,
+        *,
+        split: str = "train",
     ) -> int:
-        """Commit a whole episode: ``frames[key]`` is ``[T, *shape]`` for every user feature; ``tasks`` one or T strings."""
+        """Commit a whole episode: ``frames[key]`` is ``[T, *shape]`` for every user feature; ``tasks`` one or T strings.
+        ``split``: the ``info.json`` split it belongs to (a split's episodes are written one after another)."""
         user = [k for k in self.features if k not in DEFAULT_FEATURES]
         if sorted(frames) != sorted(user):
             raise KeyError(f"add_episode needs exactly the features {user}, got {sorted(frames)}")
         length = len(next(iter(frames.values())))
         arrays = {k: self._check(k, np.asarray(v), (length,), "episode") for k, v in frames.items()}
         tasks = self._tasks_of(tasks, length)
-        return self._write_episode(self._encode_frames(arrays), tasks, episode_metadata or {})
+        return self._write_episode(self._encode_frames(arrays), tasks, episode_metadata or {}, split)
 
     def add_encoded_episode(
         self,
         episode: EncodedEpisode,
         tasks: str | Sequence[str],
         episode_metadata: dict[str, Any] | None = None,
+        *,
+        split: str = "train",
     ) -> int:
         """``add_episode`` for an episode encoded elsewhere (``encode_episode`` with this writer's ``encode_settings``)."""
         want = [k for k in self.features if k not in DEFAULT_FEATURES and k not in self.video_keys]
@@ -212,7 +217,9 @@ class LeRobotWriter:
             )
         frames = {k: self._check(k, v, (episode.length,), "episode") for k, v in episode.frames.items()}
         tasks = self._tasks_of(tasks, episode.length)
-        return self._write_episode(dataclasses.replace(episode, frames=frames), tasks, episode_metadata or {})
+        return self._write_episode(
+            dataclasses.replace(episode, frames=frames), tasks, episode_metadata or {}, split
+        )
 
     @property
     def encode_settings(self) -> dict[str, Any]:
@@ -336,7 +343,23 @@ class LeRobotWriter:
             video.close_decoder(path)
 
     # ---- one episode, committed atomically ------------------------------------------------------------------
-    def _write_episode(self, episode: EncodedEpisode, tasks: list[str], metadata: dict[str, Any]) -> int:
+    def _splits_with(self, split: str, ep: int) -> dict[str, str]:
+        """``info["splits"]`` once episode ``ep`` is added to ``split``: LeRobot's ``"start:stop"`` ranges, so a
+        split's episodes must be contiguous (the last split grows; a new one starts at ``ep``)."""
+        splits = dict(self.info.get("splits") or {})
+        if splits and split == list(splits)[-1]:
+            start = int(splits[split].split(":")[0])
+            return splits | {split: f"{start}:{ep + 1}"}
+        if split in splits:
+            raise ValueError(
+                f"{self.root}: split {split!r} ({splits[split]}) is not the last one written ({list(splits)[-1]!r}); "
+                "LeRobot splits are episode ranges, so write each split's episodes one after another"
+            )
+        return splits | {split: f"{ep}:{ep + 1}"}
+
+    def _write_episode(
+        self, episode: EncodedEpisode, tasks: list[str], metadata: dict[str, Any], split: str = "train"
+    ) -> int:
         if self._closed:
             raise RuntimeError(f"{self.root}: writer already finalized")
         extra = _flatten(metadata)
@@ -345,6 +368,7 @@ class LeRobotWriter:
                 f"episode metadata key(s) {clash} collide with LeRobot's episode columns; rename them"
             )
         ep, length = self.num_episodes, len(tasks)
+        splits = self._splits_with(split, ep)
         fps, start = self.info["fps"], int(self.info["total_frames"])
         stage = stage_dir(self.root, f"episode-{ep:06d}")
         staged: dict[str, Path] = {}  # final path (relative to root) -> staged file
@@ -440,7 +464,7 @@ class LeRobotWriter:
             )
             staged["meta/stats.json"] = stage / "stats.json"
             info = {**self.info, "total_episodes": ep + 1, "total_frames": start + length, "total_tasks": len(new_tasks),
-                    "splits": {"train": f"0:{ep + 1}"}}  # fmt: skip
+                    "splits": splits}  # fmt: skip
             (stage / "info.json").write_text(json.dumps(info, indent=4))
             staged["meta/info.json"] = stage / "info.json"
             commit(self.root, staged)
