@@ -574,6 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true")
     s.set_defaults(fn=cmd_embodiment_draft)
 
+    from vla.eval.cli import add_eval_parser
+
+    add_eval_parser(sub)
+
     s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
     s.add_argument("--workdir", default="outputs/demo")
     s.set_defaults(fn=cmd_demo)

@@ -1,0 +1,206 @@
+"""``vla eval sim`` and the statistics under it: Wilson intervals and the sim-vs-reference metrics against
+hand-computed values, the results.json contract, determinism per seed (in process and across workers), the
+expert's and random's success rates through the eval path, and a checkpoint evaluated through ``vla.policy``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vla.cli import main
+from vla.eval.metrics import agreement, kendall_tau, mmrv, pearson
+from vla.eval.rollout import EvalConfig, evaluate, load_results
+from vla.eval.stats import grouped_summary, success_summary, wilson_interval
+
+TIMING_KEYS = {"policy_time_s", "sim_time_s", "wall_time_s", "episodes_per_s", "policy_ms_per_call",
+               "sim_ms_per_step"}  # fmt: skip
+
+
+# ---- Wilson intervals -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("k", "n", "low", "high"),
+    [  # reference values: statsmodels.stats.proportion.proportion_confint(k, n, method="wilson")
+        (0, 10, 0.0, 0.277533),
+        (1, 10, 0.017875, 0.404150),
+        (5, 10, 0.236593, 0.763407),
+        (10, 10, 0.722467, 1.0),
+    ],
+)
+def test_wilson_interval_known_values(k: int, n: int, low: float, high: float) -> None:
+    got = wilson_interval(k, n)
+    assert got == pytest.approx((low, high), abs=2e-6)
+
+
+def test_wilson_interval_by_hand() -> None:
+    # 81 of 263: p = 0.307985, z^2 = 3.841459; centre = (p + z^2/526) / (1 + z^2/263) = 0.310752,
+    # half-width = z / (1 + z^2/263) * sqrt(p(1-p)/263 + z^2/(4 * 263^2)) = 0.055462
+    assert wilson_interval(81, 263) == pytest.approx((0.310752 - 0.055462, 0.310752 + 0.055462), abs=1e-5)
+
+
+def test_wilson_interval_edges_and_errors() -> None:
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(3, 7)
+    assert 0 < lo < 3 / 7 < hi < 1
+    with pytest.raises(ValueError, match="successes <= trials"):
+        wilson_interval(4, 3)
+    s = success_summary([True, False, True, True])
+    assert s["episodes"] == 4 and s["successes"] == 3 and s["success_rate"] == 0.75
+    assert s["ci95"] == list(wilson_interval(3, 4))
+    rows = [
+        {"level": "low", "success": True},
+        {"level": "high", "success": False},
+        {"level": "low", "success": False},
+    ]
+    g = grouped_summary(rows, "level")
+    assert g["low"]["successes"] == 1 and g["low"]["episodes"] == 2 and g["high"]["successes"] == 0
+
+
+# ---- agreement metrics ----------------------------------------------------------------------------------------
+def test_pearson_hand_computed() -> None:
+    # x - mean = [-1, 0, 1], y - mean = [-4/3, -1/3, 5/3]: r = 3 / sqrt(2 * 42/9)
+    assert pearson(sim=[1, 2, 3], real=[1, 2, 4]) == pytest.approx(3 / math.sqrt(2 * 42 / 9))
+    assert pearson(sim=[0.1, 0.2, 0.3], real=[0.9, 0.5, 0.1]) == pytest.approx(-1.0)
+    assert math.isnan(pearson(sim=[0.5, 0.5, 0.5], real=[0.1, 0.2, 0.3]))
+
+
+def test_mmrv_hand_computed_and_asymmetric() -> None:
+    # Only policies 1 and 2 are ordered differently (sim 0.5 < 0.6, real 0.9 > 0.3): each gets the real gap 0.6,
+    # policy 0 none: (0 + 0.6 + 0.6) / 3.
+    sim, real = [0.1, 0.5, 0.6], [0.2, 0.9, 0.3]
+    assert mmrv(sim=sim, real=real) == pytest.approx(0.4)
+    # Swapped, the violation is weighted by the other vector's gap 0.1: the order of the arguments matters.
+    assert mmrv(sim=real, real=sim) == pytest.approx(0.2 / 3)
+    assert mmrv(sim=[0.1, 0.4, 0.8], real=[0.0, 0.3, 0.9]) == 0.0  # same ranking
+    # Strict comparisons (as SimplerEnv): a sim tie with a real ordering is a violation for the better one only.
+    assert mmrv(sim=[0.5, 0.5], real=[0.2, 0.8]) == pytest.approx(0.3)
+    with pytest.raises(TypeError):
+        mmrv(sim, real)  # type: ignore[misc]  # keyword-only: the order cannot be swapped by accident
+
+
+def test_kendall_tau_and_agreement() -> None:
+    # 6 pairs, one discordant (2 vs 3): (5 - 1) / 6
+    assert kendall_tau(sim=[1, 2, 3, 4], real=[1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert kendall_tau(sim=[1, 2, 3], real=[3, 2, 1]) == pytest.approx(-1.0)
+    out = agreement(sim=[0.1, 0.5, 0.6], real=[0.2, 0.9, 0.3])
+    assert out["policies"] == 3 and out["mmrv"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="equal length"):
+        pearson(sim=[0.1, 0.2], real=[0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="at least 2"):
+        mmrv(sim=[0.1], real=[0.2])
+
+
+# ---- closed-loop runs -----------------------------------------------------------------------------------------
+def _strip_timings(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {
+            k: _strip_timings(v)
+            for k, v in obj.items()
+            if k not in TIMING_KEYS and k not in ("config", "out")
+        }
+    if isinstance(obj, list):
+        return [_strip_timings(v) for v in obj]
+    return obj
+
+
+def test_results_contract_and_determinism_across_workers(tmp_path: Path) -> None:
+    """Random on reach (seeded per episode): 1 worker twice and 2 workers give the same results.json bar timings."""
+    kw = {"policy": "random", "embodiment": "widowx", "task": "reach", "episodes": 3, "image_size": 32,
+          "max_steps": 12, "randomization": "low", "seed": 5}  # fmt: skip
+    a = evaluate(EvalConfig(**kw, out=str(tmp_path / "a")), progress_bar=False)
+    b = evaluate(EvalConfig(**kw, out=str(tmp_path / "b")), progress_bar=False)
+    c = evaluate(EvalConfig(**kw, out=str(tmp_path / "c"), workers=2), progress_bar=False)
+    assert _strip_timings(a) == _strip_timings(b) == _strip_timings(c)
+    assert load_results(tmp_path / "a")["episodes"] == 3
+    # the contract's top level and per-episode fields
+    for key in (
+        "policy",
+        "embodiment",
+        "task",
+        "randomization",
+        "episodes",
+        "successes",
+        "success_rate",
+        "ci95",
+    ):
+        assert key in a, key
+    assert a["embodiment"] == "sim_widowx" and a["randomization"] == "low" and len(a["ci95"]) == 2
+    seeds = [ep["seed"] for ep in a["episodes_detail"]]
+    assert len(set(seeds)) == 3
+    for ep in a["episodes_detail"]:
+        assert {"seed", "success", "steps", "instruction", "randomization"} <= ep.keys()
+        assert ep["randomization"]["level"] == "low" and "dynamics" in ep["randomization"]
+    for group in ("task", "embodiment", "level"):
+        assert a["breakdown"][group], group
+    assert a["breakdown"]["level"]["low"]["ci95"] == a["ci95"]
+    # another seed, other initial states (so the comparison above could fail)
+    d = evaluate(EvalConfig(**{**kw, "seed": 6}, out=str(tmp_path / "d")), progress_bar=False)
+    assert [ep["seed"] for ep in d["episodes_detail"]] != seeds
+    assert [ep["final_state"] for ep in d["episodes_detail"]] != [
+        ep["final_state"] for ep in a["episodes_detail"]
+    ]
+
+
+def test_expert_reaches_its_success_rate_and_random_does_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The scripted expert solves WidowX pick_place (>= 90 % in vla.sim's sweep) through the eval path (2 spawned
+    workers, videos of a sample); the uniform-random baseline does not."""
+    out = tmp_path / "expert"
+    rc = main(["eval", "sim", "expert", "--embodiment", "widowx", "--task", "pick_place", "--episodes", "6",
+               "--workers", "2", "--image-size", "32", "--video-every", "3", "--out", str(out), "--no-progress"])  # fmt: skip
+    assert rc == 0 and "expert on sim_widowx/pick_place" in capsys.readouterr().out
+    res = json.loads((out / "results.json").read_text())
+    assert res["successes"] >= 5, res["successes"]
+    assert res["videos"] and all((out / v).stat().st_size > 0 for v in res["videos"])
+    assert "videos/episode_0000_success.mp4" in res["videos"]
+    rnd = evaluate(EvalConfig(policy="random", embodiment="widowx", task="pick_place", episodes=3, image_size=32,
+                              out=str(tmp_path / "random"), video_every=0), progress_bar=False)  # fmt: skip
+    assert rnd["successes"] == 0 and rnd["ci95"][0] == 0.0
+    # same seeds for both policies: paired comparisons
+    assert [e["seed"] for e in rnd["episodes_detail"]] == [e["seed"] for e in res["episodes_detail"][:3]]
+    assert rnd["videos"] == []  # --video-every 0: no videos at all
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny checkpoint for sim_widowx with stats from 2 generated expert episodes."""
+    root = tmp_path_factory.mktemp("eval_ckpt")
+    ds, ckpt = root / "ds", root / "ckpt"
+    assert main(["sim", "generate", "--embodiment", "widowx", "--task", "reach", "--episodes", "2",
+                 "--image-size", "32", "--out", str(ds)]) == 0  # fmt: skip
+    assert main(["data", "stats", str(ds)]) == 0
+    assert main(["model", "init", "tiny_smolvlm", "--out", str(ckpt), "--embodiment", "sim_widowx",
+                 "--stats-from", str(ds), "--set", "flow.num_steps=2"]) == 0  # fmt: skip
+    return ckpt
+
+
+def test_checkpoint_through_the_policy_is_deterministic(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    kw = {"policy": str(tiny_checkpoint), "embodiment": "widowx", "task": "reach", "episodes": 2, "image_size": 32,
+          "max_steps": 10, "execute_steps": 4, "video_every": 1}  # fmt: skip
+    a = evaluate(EvalConfig(**kw, out=str(tmp_path / "a")), progress_bar=False)
+    b = evaluate(EvalConfig(**kw, out=str(tmp_path / "b")), progress_bar=False)
+    assert _strip_timings(a) == _strip_timings(b)
+    assert all(ep["policy_calls"] == 3 for ep in a["episodes_detail"])  # 10 steps, 4 actions per chunk
+    assert a["timing"]["policy_time_s"] > 0 and len(a["videos"]) == 2
+    # the policy moved the arm (its actions were executed, not the home pose held)
+    import numpy as np
+
+    from vla.sim.env import make
+
+    env = make("widowx", "reach", image_size=32)
+    home, _ = env.reset(seed=a["episodes_detail"][0]["seed"])
+    assert np.abs(np.asarray(a["episodes_detail"][0]["final_state"]) - home["state"]).max() > 1e-3
+
+
+def test_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["eval", "sim", str(tmp_path / "nope"), "--embodiment", "widowx", "--task", "reach", "--out",
+               str(tmp_path / "o"), "--no-progress"])  # fmt: skip
+    assert rc == 2 and "neither 'expert', 'random' nor an existing checkpoint" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--episodes must be >= 1"):
+        EvalConfig(policy="expert", embodiment="widowx", task="reach", episodes=0, out=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="vla eval sim"):
+        load_results(tmp_path)

@@ -1,0 +1,90 @@
+"""``vla eval``: closed-loop success (``sim``), robustness per randomization axis (``sweep``), sim-vs-reference
+agreement (``gap``), replay error against logs (``replay``), system identification (``sysid``) and the HTML
+``report``. Registered on the ``vla`` parser by ``add_eval_parser``; every sub-command imports its module lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _sim_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("policy", help="checkpoint (step folder, run folder or export), 'expert' or 'random'")
+    s.add_argument(
+        "--embodiment", required=True, help="sim robot: panda, widowx, ur5e, kinova_gen3, aloha, ..."
+    )
+    s.add_argument("--task", required=True, help="reach, pick_place, push, stack or drawer")
+    s.add_argument("--episodes", type=int, default=50)
+    s.add_argument("--workers", type=int, default=1, help="spawned worker processes (one env + policy each)")
+    s.add_argument(
+        "--seed", type=int, default=0, help="episode i starts from seed (seed, i): same for all policies"
+    )
+    s.add_argument("--execute-steps", type=int, default=None, help="actions run per chunk (default: all H)")
+    s.add_argument("--image-size", type=int, default=128, help="rendered camera size (px)")
+    s.add_argument("--max-steps", type=int, default=None, help="episode length (default: the task's)")
+    s.add_argument(
+        "--via-server", default=None, metavar="URL", help="evaluate the policy a `vla serve` serves"
+    )
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--num-steps", type=int, default=None, help="flow steps (default: the checkpoint's)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "policy": args.policy,
+        "embodiment": args.embodiment,
+        "task": args.task,
+        "episodes": args.episodes,
+        "workers": args.workers,
+        "seed": args.seed,
+        "execute_steps": args.execute_steps,
+        "image_size": args.image_size,
+        "max_steps": args.max_steps,
+        "via_server": args.via_server,
+        "device": args.device,
+        "dtype": args.dtype,
+        "num_steps": args.num_steps,
+    }
+
+
+def cmd_eval_sim(args: argparse.Namespace) -> int:
+    from vla.eval.rollout import EvalConfig, evaluate
+
+    cfg = EvalConfig(**_config_kwargs(args), out=args.out, randomization=args.randomization,
+                     video_every=args.video_every)  # fmt: skip
+    res = evaluate(cfg, progress_bar=not args.no_progress)
+    low, high = res["ci95"]
+    print(
+        f"{res['policy']} on {res['embodiment']}/{res['task']} ({res['randomization']}): "
+        f"{res['successes']}/{res['episodes']} = {res['success_rate']:.1%} [95% CI {low:.1%}, {high:.1%}] "
+        f"-> {args.out}/results.json"
+    )
+    return 0
+
+
+def add_eval_parser(sub: Any) -> None:
+    """Add ``vla eval ...`` to the top-level sub-parsers ``sub``."""
+    ev = sub.add_parser("eval", help="closed-loop evaluation and reality-gap metrics").add_subparsers(
+        dest="eval_command", required=True
+    )
+    s = ev.add_parser(
+        "sim", help="closed-loop success rate with a 95%% Wilson interval -> RUN_DIR/results.json"
+    )
+    _sim_args(s)
+    s.add_argument("--out", required=True, help="run folder: results.json, videos/")
+    s.add_argument("--randomization", default="none",
+                   help="level (none|low|medium|high|reality_proxy) or a preset YAML (e.g. from vla eval sysid)")  # fmt: skip
+    s.add_argument("--video-every", type=int, default=10,
+                   help="record every K-th episode (plus a success and a failure); 0 = none")  # fmt: skip
+    s.set_defaults(fn=cmd_eval_sim)
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(obj, indent=None, allow_nan=False))
+
+
+__all__ = ["add_eval_parser"]
