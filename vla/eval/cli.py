@@ -66,6 +66,30 @@ def cmd_eval_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_sweep(args: argparse.Namespace) -> int:
+    from vla.eval.rollout import EvalConfig
+    from vla.eval.sweep import parse_axes, parse_levels, sweep
+
+    cfg = EvalConfig(**_config_kwargs(args), out=args.out, video_every=args.video_every)
+    res = sweep(cfg, parse_axes(args.axes), parse_levels(args.levels), held_out=not args.no_reality_proxy,
+                progress_bar=not args.no_progress)  # fmt: skip
+    for axis, cells in res["axes"].items():
+        print(f"{axis:<11} " + "  ".join(f"{c['level']}={c['success_rate']:.0%}" for c in cells))
+    if "reality_proxy" in res:
+        print(f"reality_proxy {res['reality_proxy']['success_rate']:.0%}")
+    print(f"-> {args.out}/results.json, {', '.join(res['plots'])}")
+    return 0
+
+
+def cmd_eval_gap(args: argparse.Namespace) -> int:
+    from vla.eval.gap import gap
+
+    res = gap(args.sim_runs, args.reference, args.out)
+    print(f"{res['policies']} policies: Pearson r={res['pearson']:.3f}  MMRV={res['mmrv']:.3f}  "
+          f"Kendall tau={res['kendall_tau']:.3f} -> {args.out}/gap.json")  # fmt: skip
+    return 0
+
+
 def add_eval_parser(sub: Any) -> None:
     """Add ``vla eval ...`` to the top-level sub-parsers ``sub``."""
     ev = sub.add_parser("eval", help="closed-loop evaluation and reality-gap metrics").add_subparsers(
@@ -81,6 +105,26 @@ def add_eval_parser(sub: Any) -> None:
     s.add_argument("--video-every", type=int, default=10,
                    help="record every K-th episode (plus a success and a failure); 0 = none")  # fmt: skip
     s.set_defaults(fn=cmd_eval_sim)
+
+    s = ev.add_parser(
+        "sweep", help="success vs. severity of one randomization source at a time (+ reality_proxy)"
+    )
+    _sim_args(s)
+    s.add_argument(
+        "--out", required=True, help="sweep folder: results.json, sweep_<axis>.png, runs/, presets/"
+    )
+    s.add_argument("--axes", default="dynamics,perception,actuation,system")
+    s.add_argument("--levels", default="0,1,2,3", help="0=none 1=low 2=medium 3=high")
+    s.add_argument("--no-reality-proxy", action="store_true", help="skip the held-out reality_proxy column")
+    s.add_argument("--video-every", type=int, default=0)
+    s.set_defaults(fn=cmd_eval_sweep)
+
+    s = ev.add_parser("gap", help="sim-vs-reference agreement over policies: Pearson r, MMRV, Kendall tau")
+    s.add_argument("sim_runs", nargs="+", help="eval run folders (one per policy)")
+    s.add_argument("--reference", nargs="+", required=True,
+                   help="a CSV (policy,success_rate[,task]) of real rates, or eval run folders (e.g. reality_proxy)")  # fmt: skip
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_eval_gap)
 
 
 def _print_json(obj: object) -> None:
