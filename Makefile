@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
+	@# openpi's robot client for the serving compatibility tests; --no-deps: it pins numpy<2 but its code runs on
+	@# numpy 2 and needs only msgpack and websockets, which the project has.
+	$(PY) -m pip install -q --no-deps "openpi-client==0.1.2"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -7,6 +7,7 @@
     vla data convert SRC DST --to lerobot               any readable dataset -> LeRobot v3.0
     vla data preview PATH --episode E --out FILE.mp4|.gif
     vla train PRESET_OR_YAML --run-dir DIR [--set k=v]  train or resume (torchrun / accelerate launch for many)
+    vla serve CKPT [--port 8000] [--api-key-file F]     serve a checkpoint to robots (openpi WebSocket + REST)
     vla demo                                            the end-to-end tour on embedded defaults
 
 Errors in user input print one line naming what, where and the fix (exit 2); ``VLA_DEBUG=1`` shows tracebacks.
@@ -573,6 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="NAME.yaml")
     s.add_argument("--overwrite", action="store_true")
     s.set_defaults(fn=cmd_embodiment_draft)
+
+    from vla.serving.serve import add_serve_parser
+
+    add_serve_parser(sub)
 
     from vla.eval.cli import add_eval_parser
 

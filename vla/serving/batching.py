@@ -1,0 +1,159 @@
+"""``MicroBatcher``: requests from concurrent connections run together on a model thread, off the event loop.
+
+The event loop only decodes, validates and ``await``s; the model runs on one worker thread. The worker takes the
+first waiting request, then collects more for at most ``window_s`` (or until ``max_batch``), and runs them as
+one ``Policy.infer_batch`` call — mixed embodiments and prompts in one forward pass. Each sample's noise comes from
+its own seed, so its chunk is the same whatever batch it lands in. When a batch fails (a non-finite chunk), its
+samples are re-run one by one so only the offending request gets the error. Results go back to the loop with
+``call_soon_threadsafe``; a request whose client went away meanwhile is dropped, never blocking the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from vla.policy import ActionChunk
+from vla.serving.metrics import ServerMetrics
+from vla.types import Observation
+
+log = logging.getLogger(__name__)
+
+InferBatch = Callable[[Sequence[Observation], Sequence[int | None]], list[ActionChunk]]
+
+
+class OverloadedError(RuntimeError):
+    """More requests are waiting than the server accepts; retry later or add servers."""
+
+
+@dataclass
+class Result:
+    """One request's chunk and the time of the forward pass it ran in (``infer_ms``) with its batch size."""
+
+    chunk: ActionChunk
+    infer_ms: float
+    batch_size: int
+
+
+@dataclass
+class _Job:
+    obs: Observation
+    seed: int | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Result] = field(repr=False)
+
+
+class MicroBatcher:
+    """Queue + one model thread. ``await submit(obs, seed)`` -> ``Result`` (or the request's own exception)."""
+
+    def __init__(
+        self,
+        infer_batch: InferBatch,
+        *,
+        max_batch: int,
+        window_s: float,
+        metrics: ServerMetrics | None = None,
+        max_queue: int = 1024,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"--max-batch must be >= 1, got {max_batch}")
+        if window_s < 0:
+            raise ValueError(f"--batch-window-ms must be >= 0, got {window_s * 1000:g}")
+        self.infer_batch, self.max_batch, self.window_s = infer_batch, max_batch, window_s
+        self.metrics, self.max_queue = metrics, max_queue
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._busy = 0  # requests taken off the queue and not yet answered (read by the drain on shutdown)
+        self._thread = threading.Thread(target=self._run, name="vla-serve-model", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running."""
+        return self._queue.qsize() + self._busy
+
+    async def submit(self, obs: Observation, seed: int | None) -> Result:
+        if self._queue.qsize() >= self.max_queue:
+            raise OverloadedError(
+                f"server overloaded: {self.max_queue} requests already waiting; retry later"
+            )
+        loop = asyncio.get_running_loop()
+        job = _Job(obs, seed, loop, loop.create_future())
+        self._queue.put(job)
+        self._gauge()
+        return await job.future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish what is queued, then stop the model thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    # ---- model thread -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs = self._collect(first)
+            self._gauge()
+            if jobs:
+                self._busy = len(jobs)
+                self._run_batch(jobs)
+                self._busy = 0
+
+    def _collect(self, first: _Job) -> list[_Job]:
+        """``first`` plus what arrives within the window (and whatever is already waiting), up to ``max_batch``."""
+        jobs = [first]
+        deadline = time.perf_counter() + self.window_s
+        while len(jobs) < self.max_batch:
+            remaining = deadline - time.perf_counter()
+            try:
+                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # shutting down: run what we have, then stop
+                self._queue.put(None)
+                break
+            jobs.append(job)
+        return [j for j in jobs if not j.future.done()]  # clients that went away are skipped
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        start = time.perf_counter()
+        try:
+            chunks: list[ActionChunk | BaseException] = list(
+                self.infer_batch([j.obs for j in jobs], [j.seed for j in jobs])
+            )
+        except Exception as e:
+            if len(jobs) == 1:
+                chunks = [e]
+            else:  # isolate the failing sample(s): same seeds, same chunks for the others
+                chunks = []
+                for j in jobs:
+                    try:
+                        chunks.append(self.infer_batch([j.obs], [j.seed])[0])
+                    except Exception as e1:
+                        chunks.append(e1)
+        seconds = time.perf_counter() - start
+        if self.metrics is not None:
+            self.metrics.inference.observe(seconds)
+            self.metrics.batch_size.observe(len(jobs))
+        for job, chunk in zip(jobs, chunks):
+            value = chunk if isinstance(chunk, BaseException) else Result(chunk, seconds * 1000, len(jobs))
+            job.loop.call_soon_threadsafe(_resolve, job.future, value)
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(self._queue.qsize())
+
+
+def _resolve(future: asyncio.Future[Result], value: Result | BaseException) -> None:
+    if future.done():  # cancelled: the client disconnected while its request ran
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)

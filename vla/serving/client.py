@@ -1,0 +1,222 @@
+"""Robot-side clients for ``vla serve`` (and any openpi-compatible policy server). No torch import.
+
+Needs only numpy, msgpack and websockets (``pip install numpy msgpack websockets`` plus this package with
+``--no-deps``; see the README's "Client-only install")::
+
+    from vla.serving.client import WebsocketClient, ActionChunkBroker
+
+    with WebsocketClient("ws://127.0.0.1:8000", api_key=None) as client:
+        client.metadata                       # the server's metadata frame: protocol, model, embodiments, keys
+        out = client.infer({                  # one request -> one response dict
+            "images": {"primary": rgb_uint8_hw3, "wrist": wrist_uint8_hw3},
+            "state": state_float_s,           # the embodiment spec's state order and units
+            "prompt": "pick up the red cube",
+            "embodiment": "sim_panda",        # needed when the server serves several
+        })
+        out["actions"]                        # float32 [H, A] in the robot's units
+        out["safety"]["clamped"]              # int [A]: values clamped to the spec's limits per action dim
+        out["server_timing"]["infer_ms"]
+
+        broker = ActionChunkBroker(client, execute=8)   # run 8 of the H actions, then re-query
+        action = broker.act(obs)                        # float32 [A] for this control step
+
+``AsyncWebsocketClient`` is the same for asyncio (``async with`` / ``await client.infer(obs)``). A server error
+(bad request, unsafe actions) raises ``ServerError`` with the server's one-line message; the server closes the
+connection after an error and the next ``infer`` reconnects. A dropped connection is re-opened and the request
+sent once more (``retries``), with ``timeout`` seconds for each response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from typing import Any
+
+import websockets
+import websockets.asyncio.client
+import websockets.sync.client
+
+from vla.serving.broker import ActionChunkBroker
+from vla.serving.protocol import ProtocolError, pack, unpack
+
+__all__ = ["ActionChunkBroker", "AsyncWebsocketClient", "ServerError", "WebsocketClient"]
+
+# websockets >= 17 warns unless a long-lived sync connection opts in with legacy=True; older versions lack the flag.
+_SYNC_LEGACY = {"legacy": True} if "legacy" in inspect.signature(websockets.sync.client.connect).parameters else {}
+# Responses are small ([H, A] floats); this only bounds a misbehaving server.
+_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+class ServerError(RuntimeError):
+    """The server answered a request with an error (its one-line text message) instead of actions."""
+
+
+def _headers(api_key: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Api-Key {api_key}"} if api_key else None
+
+
+def _response(frame: str | bytes) -> dict[str, Any]:
+    if isinstance(frame, str):  # openpi's convention: a text frame is an error message
+        raise ServerError(frame)
+    out = unpack(frame, max_bytes=_MAX_RESPONSE_BYTES)
+    if not isinstance(out, dict):
+        raise ProtocolError(f"expected a msgpack map from the server, got {type(out).__name__}")
+    return out
+
+
+class WebsocketClient:
+    """Blocking client: ``infer(obs) -> response``; one request in flight at a time (use one per thread)."""
+
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 30.0,
+        retries: int = 1,
+    ) -> None:
+        self.url = url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+        self.api_key, self.timeout, self.connect_timeout, self.retries = (
+            api_key,
+            timeout,
+            connect_timeout,
+            retries,
+        )
+        self._ws: websockets.sync.client.ClientConnection | None = None
+        self.metadata: dict[str, Any] = {}
+        self._connect()
+
+    def _connect(self) -> None:
+        """Open the connection, retrying until ``connect_timeout`` (the server may still be loading)."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                self._ws = websockets.sync.client.connect(
+                    self.url,
+                    compression=None,
+                    max_size=_MAX_RESPONSE_BYTES,
+                    additional_headers=_headers(self.api_key),
+                    open_timeout=max(1.0, deadline - time.monotonic()),
+                    **_SYNC_LEGACY,
+                )
+                break
+            except websockets.exceptions.InvalidStatus:  # 401 and friends: retrying will not help
+                raise
+            except (OSError, TimeoutError, websockets.exceptions.WebSocketException):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+        self.metadata = _response(self._ws.recv(timeout=self.timeout))
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """Send one observation, return the server's response (``actions`` float32 [H, A], ``server_timing``, ...)."""
+        frame = pack(obs)
+        for attempt in range(self.retries + 1):
+            if self._ws is None:
+                self._connect()
+            try:
+                self._ws.send(frame)
+                reply = self._ws.recv(timeout=self.timeout)
+            except websockets.exceptions.ConnectionClosed:
+                self._ws = None
+                if attempt == self.retries:
+                    raise
+                continue
+            if isinstance(reply, str):
+                self.close()  # the server closes after an error; the next call reconnects
+            return _response(reply)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+            self._ws = None
+
+    def __enter__(self) -> WebsocketClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncWebsocketClient:
+    """asyncio client: ``await AsyncWebsocketClient.open(url)`` or ``async with AsyncWebsocketClient(url)``."""
+
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 30.0,
+        retries: int = 1,
+    ) -> None:
+        self.url = url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+        self.api_key, self.timeout, self.connect_timeout, self.retries = (
+            api_key,
+            timeout,
+            connect_timeout,
+            retries,
+        )
+        self._ws: websockets.asyncio.client.ClientConnection | None = None
+        self.metadata: dict[str, Any] = {}
+
+    @classmethod
+    async def open(cls, url: str = "ws://127.0.0.1:8000", **kwargs: Any) -> AsyncWebsocketClient:
+        client = cls(url, **kwargs)
+        await client.connect()
+        return client
+
+    async def connect(self) -> None:
+        """Open the connection, retrying until ``connect_timeout`` (the server may still be loading)."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                self._ws = await websockets.asyncio.client.connect(
+                    self.url,
+                    compression=None,
+                    max_size=_MAX_RESPONSE_BYTES,
+                    additional_headers=_headers(self.api_key),
+                    open_timeout=max(1.0, deadline - time.monotonic()),
+                )
+                break
+            except websockets.exceptions.InvalidStatus:
+                raise
+            except (OSError, TimeoutError, websockets.exceptions.WebSocketException):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        self.metadata = _response(await asyncio.wait_for(self._ws.recv(), self.timeout))
+
+    async def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """Send one observation and await the server's response."""
+        frame = pack(obs)
+        for attempt in range(self.retries + 1):
+            if self._ws is None:
+                await self.connect()
+            try:
+                await self._ws.send(frame)
+                reply = await asyncio.wait_for(self._ws.recv(), self.timeout)
+            except websockets.exceptions.ConnectionClosed:
+                self._ws = None
+                if attempt == self.retries:
+                    raise
+                continue
+            if isinstance(reply, str):
+                await self.close()
+            return _response(reply)
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+            self._ws = None
+
+    async def __aenter__(self) -> AsyncWebsocketClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,143 @@
+"""Serving-mode selection at warm-up: time each candidate (weights dtype x compiled graphs) on this machine.
+
+Which mode is fastest depends on the hardware: bf16 weights are a large win on CPUs with AMX and on GPUs, while
+on an AMD EPYC without AMX compiled fp32 measured 1.25-5x *slower* than eager fp32. So ``vla serve`` does not
+guess: each candidate is prepared (``FlowVLA.prepare_inference``), warmed up, and timed at the batch sizes the
+server will run (1 and ``--max-batch``) on synthetic observations of every served embodiment; a candidate whose
+chunk differs from the eager fp32 chunk (same observations, same noise seeds) by more than ``tolerance`` (1 %) of
+that chunk's largest magnitude is refused; the fastest remaining one is kept and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vla.policy import Policy
+from vla.types import Observation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way to run the model: weights ``dtype`` and whether the serving graphs are compiled."""
+
+    dtype: str
+    compile: bool
+
+    def __str__(self) -> str:
+        return f"{self.dtype} {'compiled' if self.compile else 'eager'}"
+
+
+#: The accuracy reference every candidate is compared with.
+REFERENCE = Mode("float32", False)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A candidate's measurement: median seconds per chunk at each batch size, and its error vs eager fp32."""
+
+    mode: Mode
+    seconds_per_chunk: dict[int, float]
+    rel_error: float
+    accepted: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": str(self.mode),
+            "ms_per_chunk": {b: round(s * 1000, 3) for b, s in self.seconds_per_chunk.items()},
+            "rel_error": self.rel_error,
+            "accepted": self.accepted,
+        }
+
+
+def candidates(dtype: str | None, compile: bool | None, device: str) -> list[Mode]:
+    """The modes to try: the user's choice when both are given, else every combination left open."""
+    dtypes = [dtype] if dtype else ["float32", "bfloat16"]
+    compiles = [compile] if compile is not None else [False, True]
+    return [Mode(d, c) for d in dtypes for c in compiles]
+
+
+def synthetic_observations(policy: Policy, n: int, seed: int = 0) -> list[Observation]:
+    """``n`` observations cycling over the served embodiments: random pixels at each camera's native size and a
+    state in the middle of the spec's limits (0 where unbounded)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        spec = policy.spec(policy.embodiments[i % len(policy.embodiments)])
+        images = {
+            s: rng.integers(0, 256, (c.height, c.width, 3), dtype=np.uint8) for s, c in spec.cameras.items()
+        }
+        lo, hi = spec.limits("state")
+        state = np.where(np.isfinite(lo) & np.isfinite(hi), (np.nan_to_num(lo) + np.nan_to_num(hi)) / 2, 0.0)
+        out.append(Observation(images, state.astype(np.float32), "pick up the red cube", spec.name))
+    return out
+
+
+def select_mode(
+    policy: Policy,
+    modes: list[Mode],
+    batch_sizes: list[int],
+    *,
+    repeats: int = 3,
+    tolerance: float = 0.01,
+) -> tuple[Mode, list[Trial]]:
+    """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A single mode is only
+    prepared and warmed up (nothing to compare)."""
+    batch_sizes = sorted(set(batch_sizes))
+    if len(modes) == 1:
+        _prepare(policy, modes[0])
+        _time(policy, batch_sizes, repeats=1)
+        return modes[0], []
+    probe = synthetic_observations(policy, max(batch_sizes))
+    seeds = list(range(len(probe)))
+
+    def chunks() -> np.ndarray:
+        return np.concatenate([c.actions.ravel() for c in policy.infer_batch(probe, seeds=seeds)])
+
+    _prepare(policy, REFERENCE)
+    reference = chunks()
+    scale = float(np.abs(reference).max()) or 1.0
+    trials = []
+    for mode in modes:
+        _prepare(policy, mode)
+        rel = float(np.abs(chunks() - reference).max()) / scale
+        timing = _time(policy, batch_sizes, repeats=repeats)
+        trial = Trial(mode, timing, rel, rel <= tolerance)
+        trials.append(trial)
+        log.info("serving mode %s: %s", mode, trial.to_dict())
+    accepted = [t for t in trials if t.accepted]
+    if not accepted:  # only modes the user asked for were tried: keep their choice, say so
+        log.warning(
+            "every requested serving mode is off the fp32 chunk by more than %g; keeping it", tolerance
+        )
+        accepted = trials
+    best = min(accepted, key=lambda t: statistics.fmean(t.seconds_per_chunk.values()))
+    _prepare(policy, best.mode)
+    if best.mode.compile:
+        _time(policy, batch_sizes, repeats=1)  # compile the kept graphs before the first request
+    return best.mode, trials
+
+
+def _prepare(policy: Policy, mode: Mode) -> None:
+    policy.model.prepare_inference(mode.dtype, compile=mode.compile)
+
+
+def _time(policy: Policy, batch_sizes: list[int], *, repeats: int) -> dict[int, float]:
+    """Median seconds per chunk at each batch size (after one warm-up call, which compiles when compiling)."""
+    out = {}
+    for b in batch_sizes:
+        obs = synthetic_observations(policy, b, seed=b)
+        policy.infer_batch(obs, seeds=list(range(b)))  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            policy.infer_batch(obs, seeds=list(range(b)))
+            times.append(time.perf_counter() - start)
+        out[b] = statistics.median(times) / b
+    return out

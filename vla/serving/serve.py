@@ -1,0 +1,129 @@
+"""``vla serve CKPT``: load a checkpoint as a ``Policy``, pick the serving mode by measurement, serve until stopped.
+
+    vla serve CKPT [--host 127.0.0.1] [--port 8000] [--api-key-file F] [--embodiment NAME ...] [--max-batch 8]
+                   [--batch-window-ms 2] [--dtype bfloat16|float32] [--compile/--no-compile] [--max-frame-mb 64]
+
+Start-up refuses (exit 2, one line naming the fix) a checkpoint without stats for a requested embodiment, an
+unreadable or short API key file and bad flags, before binding the port. ``--dtype``/``--compile`` left out:
+every combination is timed at warm-up and the fastest within 1 % of the fp32 chunk is kept
+(``vla.serving.modes``). Then one line on stdout::
+
+    vla serve: ready at ws://127.0.0.1:8000 (REST http://127.0.0.1:8000/act) | embodiments sim_panda | protocol 1 | mode float32 eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+log = logging.getLogger("vla.serving")
+
+
+def add_serve_parser(sub: Any) -> None:
+    """Register ``vla serve`` on the top-level sub-parsers."""
+    s = sub.add_parser(
+        "serve",
+        help="serve a checkpoint to robots: openpi-compatible WebSocket + REST, micro-batched",
+        description="Serve CKPT (a checkpoint folder, vla train run or step folder, or merged export) on one port: "
+        "WebSocket (openpi's protocol, any path), POST /act (JSON), GET /healthz, /metadata, /metrics.",
+    )
+    s.add_argument(
+        "checkpoint", help="checkpoint folder, run folder (its newest complete step) or step folder"
+    )
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port, printed when ready)")
+    s.add_argument("--api-key-file", default=None, help="require 'Authorization: Api-Key <key in this file>'")
+    s.add_argument(
+        "--embodiment",
+        action="append",
+        default=None,
+        help="serve this one (repeatable; default: all with stats)",
+    )
+    s.add_argument("--max-batch", type=int, default=8, help="most requests run in one forward pass")
+    s.add_argument(
+        "--batch-window-ms", type=float, default=2.0, help="longest wait for more requests after the first"
+    )
+    s.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default=None,
+        help="weights dtype (default: fastest measured)",
+    )
+    s.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compiled serving graphs (default: whichever measured faster)",
+    )
+    s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest request accepted (MiB)")
+    s.add_argument("--max-connections", type=int, default=64, help="concurrent WebSocket connections")
+    s.add_argument("--max-prompt-chars", type=int, default=2000, help="longest prompt accepted")
+    s.add_argument("--max-image-side", type=int, default=4096, help="largest image side accepted (pixels)")
+    s.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
+    s.add_argument("--num-steps", type=int, default=None, help="flow steps (default: the checkpoint's)")
+    s.set_defaults(fn=cmd_serve)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    for flag, value, low in (
+        ("--max-batch", args.max_batch, 1),
+        ("--max-connections", args.max_connections, 1),
+        ("--max-prompt-chars", args.max_prompt_chars, 1),
+        ("--max-image-side", args.max_image_side, 1),
+    ):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if not 0 < args.max_frame_mb <= 1024:
+        raise ValueError(f"--max-frame-mb must be in (0, 1024] (never unlimited), got {args.max_frame_mb}")
+    if args.batch_window_ms < 0:
+        raise ValueError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from vla.policy import Policy
+    from vla.serving.modes import candidates, select_mode
+    from vla.serving.protocol import PROTOCOL_VERSION
+    from vla.serving.requests import Limits
+    from vla.serving.security import load_api_key
+    from vla.serving.server import ServeOptions, ServingApp, run_server
+
+    _check_flags(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = load_api_key(args.api_key_file) if args.api_key_file else None
+    policy = Policy.from_checkpoint(
+        args.checkpoint, embodiments=args.embodiment, device=args.device, num_steps=args.num_steps
+    )
+    mode, trials = select_mode(policy, candidates(args.dtype, args.compile, args.device), [1, args.max_batch])
+    log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        max_batch=args.max_batch,
+        batch_window_ms=args.batch_window_ms,
+        max_connections=args.max_connections,
+        limits=Limits(
+            max_frame_bytes=int(args.max_frame_mb * 2**20),
+            max_prompt_chars=args.max_prompt_chars,
+            max_image_side=args.max_image_side,
+        ),
+    )
+    serving = ServingApp(
+        policy, options, serving_mode={"mode": str(mode), "trials": [t.to_dict() for t in trials]}
+    )
+
+    def ready(url: str) -> None:
+        http = url.replace("ws://", "http://", 1)
+        print(
+            f"vla serve: ready at {url} (REST {http}/act) | embodiments {', '.join(policy.embodiments)} | "
+            f"protocol {PROTOCOL_VERSION} | mode {mode}",
+            flush=True,
+        )
+
+    rc = run_server(serving, on_ready=ready)
+    print("vla serve: stopped", file=sys.stderr, flush=True)
+    return rc

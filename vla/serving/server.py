@@ -1,0 +1,349 @@
+"""``vla serve``: one event loop (uvicorn + Starlette) serving a ``Policy`` over WebSocket and REST.
+
+Routes (all on one port):
+
+* ``ws://HOST:PORT/`` (any path)  openpi's protocol: on connect one metadata frame (msgpack map: ``protocol_version``,
+  ``server``, ``model``, ``embodiments`` with their specs, chunk length, control rate, state/action names, cameras
+  and accepted ``observation_keys``), then one binary response per binary request (``vla.serving.protocol``).
+  Response: ``actions`` float32 ``[H, A]`` (robot units, clamped to the spec's limits), ``embodiment``,
+  ``safety: {clamped: int64 [A], clamped_total}``, ``server_timing: {infer_ms, batch_size, queue_ms,
+  prev_total_ms (from the 2nd request)}``. A bad request gets a short text frame, then close 1011 (openpi's
+  behaviour); other connections are unaffected.
+* ``POST /act``      the same request as JSON (json-numpy ``{"__numpy__": b64, "dtype", "shape"}`` arrays as OpenVLA's
+  deploy script sends them, or plain nested lists) -> JSON response with lists; errors as ``{"error", "kind"}``.
+* ``GET /healthz``   ``OK`` (200) when serving; 503 while shutting down.
+* ``GET /metadata``  the metadata frame as JSON.  ``GET /metrics``  Prometheus text (``vla.serving.metrics``).
+
+With an API key every WebSocket handshake and REST request needs ``Authorization: Api-Key <key>`` (else HTTP 401,
+before any model work). The model runs on the ``MicroBatcher``'s thread, never on the event loop. SIGINT/SIGTERM:
+stop accepting, let in-flight requests finish (``drain_s`` at most), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from vla.policy import ActionSafetyError, Policy
+from vla.serving.batching import MicroBatcher, OverloadedError, Result
+from vla.serving.json_numpy import JsonNumpyError, decode_json_numpy
+from vla.serving.metrics import ServerMetrics
+from vla.serving.protocol import PROTOCOL_VERSION, ProtocolError, pack, unpack
+from vla.serving.requests import Limits, RequestError, expected_keys, to_observation
+from vla.serving.security import authorized
+from vla.types import ObservationError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Network-facing settings of a server (the ``vla serve`` flags other than the model's)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_batch: int = 8
+    batch_window_ms: float = 2.0
+    max_connections: int = 64
+    limits: Limits = field(default_factory=Limits)
+    drain_s: float = 30.0
+
+
+def _error_kind(e: BaseException) -> str:
+    if isinstance(e, ProtocolError):
+        return "limit" if "exceeds the limit" in str(e) else "protocol"
+    if isinstance(e, RequestError):
+        return "limit" if "over the limit" in str(e) else "observation"
+    if isinstance(e, ObservationError):
+        return "observation"
+    if isinstance(e, ActionSafetyError):
+        return "unsafe_actions"
+    if isinstance(e, OverloadedError):
+        return "overloaded"
+    return "internal"
+
+
+def _client_message(e: BaseException) -> str:
+    """A short, traceback-free message for the client (internal errors stay in the server log)."""
+    if _error_kind(e) == "internal":
+        return "internal server error (see the server log)"
+    return str(e).splitlines()[0][:500]
+
+
+class ServingApp:
+    """The ASGI app around one ``Policy``: routes, auth, limits, micro-batching, metrics."""
+
+    def __init__(
+        self, policy: Policy, options: ServeOptions, *, serving_mode: dict[str, Any] | None = None
+    ) -> None:
+        self.policy, self.options = policy, options
+        self.metrics = ServerMetrics(options.max_batch)
+        self.batcher = MicroBatcher(
+            lambda obs, seeds: policy.infer_batch(obs, seeds=seeds),
+            max_batch=options.max_batch,
+            window_s=options.batch_window_ms / 1000,
+            metrics=self.metrics,
+            max_queue=max(64, 4 * options.max_connections),
+        )
+        self.default = policy.embodiments[0] if len(policy.embodiments) == 1 else None
+        self.metadata = self._metadata(serving_mode or {})
+        self._metadata_frame = pack(self.metadata)
+        self.connections = 0
+        self.in_flight = 0
+        self.draining = False
+        self.app = Starlette(
+            routes=[
+                Route("/healthz", self.healthz, methods=["GET"]),
+                Route("/metadata", self.get_metadata, methods=["GET"]),
+                Route("/metrics", self.get_metrics, methods=["GET"]),
+                Route("/act", self.act, methods=["POST"]),
+                WebSocketRoute("/{path:path}", self.websocket),
+            ]
+        )
+
+    def _metadata(self, serving_mode: dict[str, Any]) -> dict[str, Any]:
+        meta = self.policy.metadata()
+        for entry in meta["embodiments"].values():
+            entry["observation_keys"] = expected_keys(entry["cameras"], entry["state_dim"])
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "server": "vla",
+            **meta,
+            "default_embodiment": self.default,
+            "max_frame_bytes": self.options.limits.max_frame_bytes,
+            "serving_mode": serving_mode,
+        }
+
+    # ---- one request, shared by both transports ---------------------------------------------------------------
+    async def _answer(self, msg: Any, transport: str, received: float) -> dict[str, Any]:
+        obs, seed = to_observation(msg, self.policy.embodiments, self.options.limits, default=self.default)
+        obs.validate(self.policy.spec(obs.embodiment))  # bad input is refused here, never inside a batch
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            queued = time.perf_counter()
+            result: Result = await self.batcher.submit(obs, seed)
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+        chunk = result.chunk
+        self.metrics.add_clamped(
+            chunk.embodiment, self.policy.spec(chunk.embodiment).action_names(), chunk.clamped
+        )
+        self.metrics.answered(transport, chunk.embodiment, time.perf_counter() - received)
+        return {
+            "actions": chunk.actions,
+            "embodiment": chunk.embodiment,
+            "safety": {"clamped": chunk.clamped, "clamped_total": int(chunk.clamped.sum())},
+            "server_timing": {
+                "infer_ms": result.infer_ms,
+                "batch_size": result.batch_size,
+                "queue_ms": max(0.0, (time.perf_counter() - queued) * 1000 - result.infer_ms),
+            },
+        }
+
+    # ---- WebSocket ---------------------------------------------------------------------------------------------
+    async def websocket(self, ws: WebSocket) -> None:
+        if not authorized(ws.headers.get("authorization"), self.options.api_key):
+            self.metrics.error("auth")
+            await ws.send_denial_response(_unauthorized())
+            return
+        if self.draining or self.connections >= self.options.max_connections:
+            self.metrics.error("limit" if not self.draining else "overloaded")
+            reason = (
+                "server is shutting down"
+                if self.draining
+                else f"too many connections (limit {self.options.max_connections}, --max-connections)"
+            )
+            await ws.send_denial_response(PlainTextResponse(reason, status_code=503))
+            return
+        await ws.accept()
+        self.connections += 1
+        self.metrics.connections.inc()
+        try:
+            await ws.send_bytes(self._metadata_frame)
+            await self._serve_connection(ws)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.connections -= 1
+            self.metrics.connections.dec()
+
+    async def _serve_connection(self, ws: WebSocket) -> None:
+        prev_total_ms: float | None = None
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            received = time.perf_counter()
+            try:
+                if message.get("bytes") is None:
+                    raise ProtocolError("text frames are not accepted: send msgpack binary frames")
+                msg = unpack(message["bytes"], max_bytes=self.options.limits.max_frame_bytes)
+                response = await self._answer(msg, "websocket", received)
+            except Exception as e:
+                await self._fail(ws, e)
+                return
+            if prev_total_ms is not None:
+                response["server_timing"]["prev_total_ms"] = prev_total_ms
+            await ws.send_bytes(pack(response))
+            prev_total_ms = (time.perf_counter() - received) * 1000
+
+    async def _fail(self, ws: WebSocket, e: BaseException) -> None:
+        kind = _error_kind(e)
+        self.metrics.error(kind)
+        if kind == "internal":
+            log.error("request failed", exc_info=e)
+        text = _client_message(e)
+        try:
+            await ws.send_text(text)
+            await ws.close(code=1011, reason=text[:120].encode()[:120].decode("utf-8", "ignore"))
+        except (WebSocketDisconnect, RuntimeError):  # the client is already gone
+            pass
+
+    # ---- HTTP --------------------------------------------------------------------------------------------------
+    async def healthz(self, request: Request) -> Response:
+        if self.draining:
+            return PlainTextResponse("shutting down", status_code=503)
+        return PlainTextResponse("OK")
+
+    async def get_metadata(self, request: Request) -> Response:
+        if not authorized(request.headers.get("authorization"), self.options.api_key):
+            self.metrics.error("auth")
+            return _unauthorized()
+        return JSONResponse(_jsonable(self.metadata))
+
+    async def get_metrics(self, request: Request) -> Response:
+        if not authorized(request.headers.get("authorization"), self.options.api_key):
+            self.metrics.error("auth")
+            return _unauthorized()
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def act(self, request: Request) -> Response:
+        received = time.perf_counter()
+        if not authorized(request.headers.get("authorization"), self.options.api_key):
+            self.metrics.error("auth")
+            return _unauthorized()
+        if self.draining:
+            return JSONResponse({"error": "server is shutting down", "kind": "overloaded"}, status_code=503)
+        limit = self.options.limits.max_frame_bytes
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                self.metrics.error("limit")
+                return JSONResponse(
+                    {
+                        "error": f"request body over the limit of {limit} bytes (--max-frame-mb)",
+                        "kind": "limit",
+                    },
+                    status_code=413,
+                )
+        try:
+            try:
+                msg = json.loads(body, object_hook=decode_json_numpy)
+            except (json.JSONDecodeError, UnicodeDecodeError, JsonNumpyError) as e:
+                raise ProtocolError(f"malformed JSON body: {str(e)[:200]}") from None
+            response = await self._answer(msg, "rest", received)
+        except Exception as e:
+            kind = _error_kind(e)
+            self.metrics.error(kind)
+            if kind == "internal":
+                log.error("request failed", exc_info=e)
+            status = {"internal": 500, "unsafe_actions": 500, "overloaded": 503}.get(kind, 400)
+            return JSONResponse({"error": _client_message(e), "kind": kind}, status_code=status)
+        return JSONResponse(_jsonable(response))
+
+
+def _unauthorized() -> Response:
+    return PlainTextResponse(
+        "unauthorized: send the header 'Authorization: Api-Key <key>'",
+        status_code=401,
+        headers={"WWW-Authenticate": "Api-Key"},
+    )
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray | np.generic):
+        return obj.tolist()
+    return obj
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, but the first SIGINT/SIGTERM drains in-flight requests before stopping (exit 0); a second
+    one stops at once."""
+
+    def __init__(self, config: uvicorn.Config, serving: ServingApp) -> None:
+        super().__init__(config)
+        self.serving = serving
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.serving.draining or self.loop is None:
+            self.should_exit = True
+            self.force_exit = self.serving.draining
+            return
+        log.info("signal %s: draining in-flight requests", signal.Signals(sig).name)
+        self.serving.draining = True
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.serving.options.drain_s
+        while (self.serving.in_flight or self.serving.batcher.pending) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self.should_exit = True
+
+
+def run_server(serving: ServingApp, *, on_ready: Any = None) -> int:
+    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens (port 0 = any free port)."""
+    opts = serving.options
+    config = uvicorn.Config(
+        serving.app,
+        host=opts.host,
+        port=opts.port,
+        ws="websockets-sansio",
+        ws_max_size=2
+        * opts.limits.max_frame_bytes,  # the app refuses > max_frame_bytes with a text error first
+        ws_per_message_deflate=False,  # openpi's client sends uncompressed frames
+        ws_ping_interval=None,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        limit_concurrency=None,
+    )
+    server = _DrainingServer(config, serving)
+
+    async def main() -> None:
+        server.loop = asyncio.get_running_loop()
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and on_ready is not None:
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            on_ready(f"ws://{host}:{port}")
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        serving.batcher.close(timeout=opts.drain_s)
+    return 0 if server.started else 1
