@@ -1,0 +1,322 @@
+"""The serving parts on their own: wire format vs openpi's encoder, JSON arrays, request layouts, API keys, the
+torch-free client import, the action-chunk broker, the micro-batcher with a real ``Policy`` and mode selection."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from vla.serving.broker import ActionChunkBroker
+from vla.serving.json_numpy import JsonNumpyError, decode_json_numpy, encode_json_numpy
+from vla.serving.protocol import ProtocolError, pack, unpack
+from vla.serving.requests import Limits, RequestError, to_observation
+from vla.serving.security import authorized, load_api_key
+
+SERVED = ["sim_panda", "widowx_bridge"]
+
+
+# ---- wire format -----------------------------------------------------------------------------------------------------
+def _sample() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    return {
+        "observation/image": rng.integers(0, 256, (4, 5, 3), dtype=np.uint8),
+        "observation/state": rng.normal(size=8).astype(np.float32),
+        "f64": rng.normal(size=(2, 3)),
+        "flags": np.array([True, False]),
+        "i16": np.arange(6, dtype=">i2").reshape(3, 2),  # big-endian survives: dtype.str keeps the byte order
+        "scalar": np.float32(1.5),
+        "count": np.int64(-3),
+        "prompt": "pick up the cube",
+        "nested": {"a": [1, 2.5, None, b"raw"]},
+    }
+
+
+def test_pack_is_byte_identical_to_openpis_encoder_and_round_trips() -> None:
+    msgpack_numpy = pytest.importorskip(
+        "openpi_client.msgpack_numpy", reason="openpi-client not installed: `make install` adds it"
+    )
+    obj = _sample()
+    assert pack(obj) == msgpack_numpy.packb(obj)
+    for decoded in (unpack(msgpack_numpy.packb(obj)), msgpack_numpy.unpackb(pack(obj))):
+        for key in ("observation/image", "observation/state", "f64", "flags", "i16"):
+            assert decoded[key].dtype == obj[key].dtype and np.array_equal(decoded[key], obj[key]), key
+        assert decoded["scalar"] == np.float32(1.5) and decoded["scalar"].dtype == np.float32
+        assert (
+            decoded["count"] == -3
+            and decoded["prompt"] == obj["prompt"]
+            and decoded["nested"] == obj["nested"]
+        )
+    assert not unpack(pack(obj))["f64"].flags.writeable  # a view of the frame, no copy
+
+
+def _array(dtype: Any = "<f4", shape: Any = (2,), data: Any = b"\0" * 8) -> bytes:
+    return msgpack.packb({"x": {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}})
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (_array(dtype="|O"), "'|O' is not allowed"),
+        (_array(dtype="|V8", shape=(1,)), "'|V8' is not allowed"),
+        (_array(dtype="<c8", shape=(1,)), "'<c8' is not allowed"),
+        (_array(dtype="<U2", shape=(1,)), "'<U2' is not allowed"),
+        (_array(dtype="bogus"), "unknown numpy dtype"),
+        (_array(shape=(3,)), "needs 12 bytes, got 8"),
+        (_array(shape=(-1,)), "list of at most 8 ints >= 0"),
+        (_array(shape="2"), "list of at most 8 ints >= 0"),
+        (_array(data="text"), "must be msgpack bin"),
+        (msgpack.packb({b"__npgeneric__": True, b"data": "x", b"dtype": "<f4"}), "must be a number"),
+        (b"\xc1", "malformed msgpack"),
+        (msgpack.packb({"a": 1}) + b"\x01", "malformed msgpack"),
+        (b"\x91" * 200_000, "malformed msgpack"),
+    ],
+)  # fmt: skip
+def test_unpack_refuses_what_openpis_decoder_would_accept_or_crash_on(frame: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(message)):
+        unpack(frame)
+
+
+def test_frame_limit_and_unsendable_dtypes() -> None:
+    frame = pack({"x": np.zeros(100, np.uint8)})
+    assert unpack(frame, max_bytes=len(frame))["x"].shape == (100,)
+    with pytest.raises(
+        ProtocolError, match=f"frame of {len(frame)} bytes exceeds the limit of {len(frame) - 1}"
+    ):
+        unpack(frame, max_bytes=len(frame) - 1)
+    with pytest.raises(ProtocolError, match="only bool, int, uint and float"):
+        pack({"x": np.array(["a"], dtype=object)})
+
+
+def test_json_numpy_round_trip_and_refusals() -> None:
+    obj = {"image": np.arange(24, dtype=np.uint8).reshape(2, 4, 3), "state": np.float32(0.5), "list": [1, 2]}
+    back = json.loads(json.dumps(obj, default=encode_json_numpy), object_hook=decode_json_numpy)
+    assert back["image"].dtype == np.uint8 and np.array_equal(back["image"], obj["image"])
+    assert back["state"] == np.float32(0.5) and back["list"] == [1, 2]
+    # The json-numpy package's layout: base64 of the raw bytes, dtype.str, shape.
+    assert json.loads(json.dumps(obj, default=encode_json_numpy))["image"] == {
+        "__numpy__": base64.b64encode(obj["image"].tobytes()).decode(), "dtype": "|u1", "shape": [2, 4, 3]
+    }  # fmt: skip
+    for bad, message in (
+        ({"__numpy__": "AAAA", "dtype": "|O", "shape": [3]}, "not allowed"),
+        ({"__numpy__": "AAAA", "dtype": "|u1", "shape": [4]}, "needs 4 bytes, got 3"),
+        ({"__numpy__": "!!", "dtype": "|u1", "shape": [1]}, "not valid base64"),
+    ):
+        with pytest.raises(JsonNumpyError, match=message):
+            decode_json_numpy(bad)
+
+
+# ---- request layouts ---------------------------------------------------------------------------------------------------
+def _images(n: int = 2) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, 256, (6, 8, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def test_request_layouts_map_to_the_same_observation() -> None:
+    (a, b), state = _images(), np.linspace(-1, 1, 8).astype(np.float32)
+    limits = Limits()
+    layouts = [
+        {"images": {"primary": a, "wrist": b}, "state": state},
+        {"observation/image": a, "observation/wrist_image": b, "observation/state": state},
+        {"observation/exterior_image_1_left": a, "observation/wrist_image_left": b,
+         "observation/joint_position": state[:7], "observation/gripper_position": state[7]},
+        {"images": {"primary": a.transpose(2, 0, 1), "wrist": b.transpose(2, 0, 1)}, "state": state.tolist()},
+    ]  # fmt: skip
+    for msg in layouts:
+        obs, seed = to_observation(
+            {**msg, "prompt": b"go", "embodiment": "sim_panda", "seed": 4}, SERVED, limits
+        )
+        assert seed == 4 and obs.prompt == "go" and obs.embodiment == "sim_panda"
+        assert set(obs.images) == {"primary", "wrist"}
+        assert np.array_equal(obs.images["primary"], a) and np.array_equal(obs.images["wrist"], b)
+        np.testing.assert_allclose(obs.state, state, rtol=1e-6)
+    aloha, _ = to_observation(
+        {"images": {"cam_high": a.transpose(2, 0, 1), "cam_left_wrist": b}, "state": np.zeros(14), "prompt": "x"},
+        SERVED, limits, default="sim_panda",
+    )  # fmt: skip
+    assert set(aloha.images) == {"primary", "left_wrist"} and np.array_equal(aloha.images["primary"], a)
+    openvla, _ = to_observation(
+        {"image": a, "instruction": "do", "state": state}, SERVED, limits, default="sim_panda"
+    )
+    assert openvla.prompt == "do" and np.array_equal(openvla.images["primary"], a)
+
+
+@pytest.mark.parametrize(
+    ("msg", "message"),
+    [
+        ({"images": {"primary": 0}, "state": [0.0]}, "missing key 'embodiment'"),
+        ({"embodiment": "r2d2"}, "unknown embodiment 'r2d2'"),
+        ({"embodiment": "sim_panda", "state": [0.0]}, "missing key 'prompt'"),
+        ({"embodiment": "sim_panda", "prompt": "x" * 11}, "11 characters, over the limit of 10"),
+        ({"embodiment": "sim_panda", "prompt": b"\xff"}, "not valid UTF-8"),
+        ({"embodiment": "sim_panda", "prompt": "x", "state": [0.0]}, "missing key 'images'"),
+        ({"embodiment": "sim_panda", "prompt": "x", "images": {"front": np.zeros((2, 2, 3), np.uint8)},
+          "state": [0.0]}, "unknown camera(s) ['front']"),
+        ({"embodiment": "sim_panda", "prompt": "x", "images": {"primary": np.zeros((2, 20, 3), np.uint8)},
+          "state": [0.0]}, "over the limit of 16 per side"),
+        ({"embodiment": "sim_panda", "prompt": "x", "observation/image": np.zeros((2, 2, 3), np.uint8),
+          "observation/state": [0.0], "extra": 1}, "unexpected key(s) ['extra'] in a LIBERO-style request"),
+        ({"embodiment": "sim_panda", "prompt": "x", "seed": -1}, "'seed' must be an int"),
+        ({"embodiment": "sim_panda", "prompt": "x", "images": {"primary": [[[300, 0, 0]]]}, "state": [0.0]},
+         "ints in 0..255"),
+        ({"embodiment": "sim_panda", "prompt": "x", "images": {"primary": np.zeros((1, 1, 3), np.uint8)},
+          "state": "abc"}, "'state' must be a float array"),
+    ],
+)  # fmt: skip
+def test_bad_requests_name_the_key(msg: dict[str, Any], message: str) -> None:
+    limits = Limits(max_prompt_chars=10, max_image_side=16)
+    with pytest.raises(RequestError, match=re.escape(message)):
+        to_observation(msg, SERVED, limits)
+
+
+def test_api_key_file_and_header_check(tmp_path: Path) -> None:
+    f = tmp_path / "key"
+    f.write_text("  0123456789abcdefXYZ  \n# comment\n")
+    key = load_api_key(f)
+    assert key == "0123456789abcdefXYZ"
+    assert authorized(f"Api-Key {key}", key) and authorized(None, None)
+    assert not authorized(None, key) and not authorized(key, key) and not authorized(f"Api-Key {key}x", key)
+    assert not authorized(f"Bearer {key}", key)
+    f.write_text("short")
+    with pytest.raises(ValueError, match=r"at least 16 characters.*secrets\.token_urlsafe"):
+        load_api_key(f)
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_api_key(tmp_path / "missing")
+
+
+def test_client_imports_no_torch() -> None:
+    code = (
+        "import sys; import vla.serving.client as c; from vla.serving.broker import ActionChunkBroker; "
+        "bad = [m for m in ('torch', 'transformers', 'vla.types', 'vla.policy') if m in sys.modules]; "
+        "assert not bad, bad; print('ok', c.WebsocketClient.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ok WebsocketClient"), out.stderr
+
+
+# ---- broker -----------------------------------------------------------------------------------------------------------
+class CountingPolicy:
+    """Chunk ``q`` (the q-th query, from 0) has actions ``[[100 q + t]]`` for t in 0..H-1; records the observations."""
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon, self.seen = horizon, []
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        q = len(self.seen)
+        self.seen.append(obs["t"])
+        return {"actions": (100.0 * q + np.arange(self.horizon, dtype=np.float32))[:, None]}
+
+
+def test_broker_executes_k_of_h_then_requeries() -> None:
+    policy = CountingPolicy(horizon=5)
+    broker = ActionChunkBroker(policy, execute=3)
+    got = [float(broker.act({"t": t})[0]) for t in range(7)]
+    assert got == [0, 1, 2, 100, 101, 102, 200]
+    assert policy.seen == [0, 3, 6]  # each query sees the observation of the step it starts at
+    broker.reset()
+    assert float(broker.act({"t": 99})[0]) == 300
+    with pytest.raises(ValueError, match="execute=6 needs"):
+        ActionChunkBroker(CountingPolicy(horizon=5), execute=6).act({"t": 0})
+
+
+def test_broker_prefetch_skips_the_stale_steps_and_blends_the_overlap() -> None:
+    policy = CountingPolicy(horizon=8)
+    broker = ActionChunkBroker(policy, execute=4, prefetch=2, blend=2)
+    got = [float(broker.act({"t": t})[0]) for t in range(6)]
+    assert policy.seen == [0, 2]  # the second query went out 2 steps before the first chunk's 4 ran out
+    # Switch at step 4: the new chunk (queried at t=2) starts at its index 2; blended with the old chunk's 4, 5.
+    w1, w2 = 1 / 3, 2 / 3
+    assert got[:4] == [0, 1, 2, 3]
+    assert got[4] == pytest.approx(w1 * 102 + (1 - w1) * 4) and got[5] == pytest.approx(
+        w2 * 103 + (1 - w2) * 5
+    )
+    with pytest.raises(ValueError, match=r"prefetch must be in 0\.\.execute"):
+        ActionChunkBroker(policy, execute=2, prefetch=3)
+
+
+# ---- micro-batcher and modes on a real Policy --------------------------------------------------------------------------
+def _policy() -> Any:
+    from vla.data.norm_stats import NormStats, StatsFile
+    from vla.models.testing import tiny_model
+    from vla.policy import Policy
+
+    model = tiny_model(embodiments=tuple(SERVED), seed=3)
+    rng = np.random.default_rng(0)
+
+    def stats(dim: int) -> NormStats:
+        x = rng.uniform(-1, 1, (100, dim))
+        return NormStats(mean=x.mean(0), std=x.std(0), min=x.min(0), max=x.max(0),
+                         q01=np.quantile(x, 0.01, 0), q99=np.quantile(x, 0.99, 0), count=100)  # fmt: skip
+
+    model.norm_stats = StatsFile(
+        stats={
+            n: {"state": stats(model.spec(n).state_dim), "action": stats(model.spec(n).action_dim)}
+            for n in SERVED
+        }
+    )
+    return Policy(model, num_steps=2)
+
+
+def test_micro_batcher_batches_concurrent_requests_and_isolates_a_failing_one() -> None:
+    from vla.policy import ActionSafetyError
+    from vla.serving.batching import MicroBatcher
+    from vla.serving.modes import synthetic_observations
+
+    policy = _policy()
+    observations = synthetic_observations(policy, 4)  # panda, widowx, panda, widowx
+    alone = [policy.infer(o, seed=i).actions for i, o in enumerate(observations)]
+    calls: list[int] = []
+
+    def infer_batch(obs: Any, seeds: Any) -> Any:
+        calls.append(len(obs))
+        return policy.infer_batch(obs, seeds=seeds)
+
+    batcher = MicroBatcher(infer_batch, max_batch=8, window_s=0.5)
+
+    async def submit_all() -> list[Any]:
+        jobs = [batcher.submit(o, i) for i, o in enumerate(observations)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    results = asyncio.run(submit_all())
+    assert calls == [4] and all(r.batch_size == 4 for r in results)
+    for r, want in zip(results, alone):
+        np.testing.assert_allclose(r.chunk.actions, want, atol=1e-5)
+    # widowx's decoder rows produce NaN: its requests fail alone, panda's are still answered.
+    slot = policy.model.embodiment_ids["widowx_bridge"]
+    with torch.no_grad():
+        policy.model.heads.action_out.weight[slot].fill_(float("nan"))
+    results = asyncio.run(submit_all())
+    batcher.close(timeout=30)
+    for i, r in enumerate(results):
+        if observations[i].embodiment == "widowx_bridge":
+            assert isinstance(r, ActionSafetyError) and "non-finite" in str(r)
+        else:
+            np.testing.assert_allclose(r.chunk.actions, alone[i], atol=1e-5)
+
+
+def test_select_mode_times_candidates_and_keeps_an_accurate_one() -> None:
+    from vla.serving.modes import REFERENCE, Mode, candidates, select_mode
+
+    assert candidates(None, None, "cpu") == [Mode("float32", False), Mode("float32", True),
+                                             Mode("bfloat16", False), Mode("bfloat16", True)]  # fmt: skip
+    assert candidates("bfloat16", False, "cpu") == [Mode("bfloat16", False)]
+    policy = _policy()
+    mode, trials = select_mode(policy, [REFERENCE, Mode("bfloat16", False)], [1, 2], repeats=1)
+    by_mode = {t.mode: t for t in trials}
+    assert by_mode[REFERENCE].rel_error == 0.0 and by_mode[REFERENCE].accepted
+    assert set(by_mode[REFERENCE].seconds_per_chunk) == {1, 2}
+    assert by_mode[mode].accepted
+    fastest = min((t for t in trials if t.accepted), key=lambda t: sum(t.seconds_per_chunk.values()))
+    assert mode == fastest.mode
+    want = torch.bfloat16 if mode.dtype == "bfloat16" else torch.float32
+    assert policy.model.embodiment_tokens.weight.dtype == want  # left prepared in the chosen mode
