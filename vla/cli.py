@@ -236,6 +236,7 @@ def cmd_sim_generate(args: argparse.Namespace) -> int:
         shard=args.shard,
         num_shards=args.num_shards,
         keep_failed=args.keep_failed,
+        settle_steps=args.settle_steps,
     )
     counts = generate(cfg)
     print(
@@ -248,9 +249,15 @@ def cmd_sim_generate(args: argparse.Namespace) -> int:
 def cmd_sim_preview(args: argparse.Namespace) -> int:
     from vla.sim.preview import preview_expert
 
-    print(
-        f"wrote {preview_expert(args.embodiment, args.task, args.out, seed=args.seed, randomization=args.randomization)}"
+    out = preview_expert(
+        args.embodiment,
+        args.task,
+        args.out,
+        seed=args.seed,
+        randomization=args.randomization,
+        settle_steps=args.settle_steps,
     )
+    print(f"wrote {out}")
     return 0
 
 
@@ -447,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--keep-failed", action="store_true", help="keep unsuccessful demos (flagged success=false)"
     )
+    s.add_argument(
+        "--settle-steps",
+        type=int,
+        default=None,
+        help="control steps recorded after success (release and retreat; default: 1 s of them)",
+    )
     s.set_defaults(fn=cmd_sim_generate)
     s = sim.add_parser("preview", help="render the scripted expert on one episode")
     s.add_argument("--embodiment", required=True)
@@ -456,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--randomization", default="none", help="none|low|medium|high|reality_proxy or a YAML file"
     )
+    s.add_argument("--settle-steps", type=int, default=None, help="steps shown after success (default: 1 s)")
     s.set_defaults(fn=cmd_sim_preview)
 
     model = sub.add_parser("model", help="create and inspect model checkpoints").add_subparsers(

@@ -13,9 +13,16 @@ metadata, atomic per episode), so
 * re-running skips finished episodes (the ``sim_index`` of each written episode, plus a progress file for
   dropped ones), and Ctrl-C leaves a valid dataset of the finished episodes.
 
+Recording goes on for ``settle_steps`` control steps after the success detector fires (default
+``SETTLE_SECONDS`` of them): the detector fires the moment the task is done (for ``pick_place`` and ``stack``, as
+soon as the opening fingers let go), so without them a demonstration would end with the object still between the
+fingers and the gripper-open command on one frame only; the settle steps show the release and the retreat. An
+episode counts as successful when the detector fired and still holds at its end (an object knocked out of the
+bowl while retreating is a failure).
+
 Unsuccessful demonstrations are dropped unless ``keep_failed`` (then kept and flagged ``success: false`` in the
 episode metadata), never silently mixed in. Every episode's metadata holds its seed, index, instruction, success
-and the full randomization record.
+(and ``success_step``: the frame at which the detector fired, ``settle_steps``) and the full randomization record.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "vla_sim_progress.json"
+#: Seconds of control steps recorded after the success detector fires (release and retreat), by default.
+SETTLE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class GenerateConfig:
     keep_failed: bool = False
     vcodec: str = "av1"
     max_steps: int | None = None  # None = the task's default episode length
+    settle_steps: int | None = None  # None = SETTLE_SECONDS of control steps
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -62,6 +72,8 @@ class GenerateConfig:
             raise ValueError(f"--shard must be in [0, --num-shards={self.num_shards}), got {self.shard}")
         if not 16 <= self.image_size <= 1024:
             raise ValueError(f"--image-size must be in [16, 1024], got {self.image_size}")
+        if self.settle_steps is not None and self.settle_steps < 0:
+            raise ValueError(f"--settle-steps must be >= 0, got {self.settle_steps}")
 
     def identity(self) -> dict[str, Any]:
         """The settings a resumed run must share with the run that started the dataset."""
@@ -103,36 +115,57 @@ def _env(cfg: GenerateConfig):
     return _ENV[1]
 
 
+def settle_steps(settle: int | None, control_hz: float) -> int:
+    """Control steps recorded after success: ``settle``, or ``SETTLE_SECONDS`` at ``control_hz`` when None."""
+    return int(settle) if settle is not None else round(SETTLE_SECONDS * control_hz)
+
+
+def expert_rollout(
+    env: Any, seed: int, settle: int
+) -> tuple[list[dict[str, Any]], list[np.ndarray], dict[str, Any]]:
+    """One scripted-expert episode of ``env`` (a ``VLASimEnv``): the observations before each action, the actions
+    (float32 ``[A]``) and ``{"instruction", "randomization", "robot_params", "success", "success_step",
+    "final_obs"}``. Runs until the detector fires plus ``settle`` steps, or until the env truncates."""
+    obs, info = env.reset(seed=seed)
+    observations: list[dict[str, Any]] = []
+    actions: list[np.ndarray] = []
+    success_step: int | None = None
+    while success_step is None or len(actions) < success_step + settle:
+        action = np.asarray(env.expert_action(), dtype=np.float32)
+        observations.append(obs)
+        actions.append(action)
+        obs, _, terminated, truncated, _ = env.step(action)
+        if success_step is None and terminated:
+            success_step = len(actions)  # the first frame recorded after the detector fired
+        elif success_step is None and truncated:
+            break
+    success = success_step is not None and env.is_success()
+    out = {k: info.get(k) for k in ("instruction", "randomization", "robot_params")}
+    return observations, actions, out | {"success": success, "success_step": success_step, "final_obs": obs}
+
+
 def run_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
     """Simulate episode ``index`` with the scripted expert: frames ``{feature: [T, ...]}``, tasks and metadata."""
     env = _env(cfg)
     seed = episode_seed(cfg.seed, index)
-    obs, info = env.reset(seed=seed)
-    images: dict[str, list[np.ndarray]] = {slot: [] for slot in obs["images"]}
-    states, actions = [], []
-    success = False
-    while True:
-        action = np.asarray(env.expert_action(), dtype=np.float32)
-        for slot, img in obs["images"].items():
-            images[slot].append(img)
-        states.append(np.asarray(obs["state"], dtype=np.float32))
-        actions.append(action)
-        obs, _, terminated, truncated, step_info = env.step(action)
-        success = bool(step_info.get("success", terminated))
-        if terminated or truncated:
-            break
-    frames = {f"observation.images.{slot}": np.stack(v) for slot, v in images.items()}
-    frames["observation.state"] = np.stack(states)
+    settle = settle_steps(cfg.settle_steps, env.control_hz)
+    observations, actions, info = expert_rollout(env, seed, settle)
+    frames = {f"observation.images.{slot}": np.stack([o["images"][slot] for o in observations])
+              for slot in observations[0]["images"]}  # fmt: skip
+    frames["observation.state"] = np.stack([np.asarray(o["state"], dtype=np.float32) for o in observations])
     frames["action"] = np.stack(actions)
+    success = bool(info["success"])
     meta = {
         "sim_index": index,
         "sim_seed": seed,
         "success": success,
+        "success_step": -1 if info["success_step"] is None else int(info["success_step"]),
+        "settle_steps": settle,
         "instruction": info["instruction"],
         "task_name": cfg.task,
         "embodiment": cfg.embodiment,
         "steps": len(actions),
-        "randomization": info.get("randomization", {}),
+        "randomization": info.get("randomization") or {},
     }
     if info.get("robot_params"):  # the procedural robot's arm of this episode (its spec covers every arm)
         meta["robot_params"] = info["robot_params"]
