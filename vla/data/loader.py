@@ -333,6 +333,110 @@ def _stats_keys(stats: StatsFile, sources: Sequence[Source], per_dataset: bool) 
     }
 
 
+def _rehearsal_loader(
+    cfg: DataConfig,
+    rehearsal: Any,
+    base: tuple[StatsFile | None, dict[str, dict[str, str]]],
+    rank: int | None,
+    world_size: int | None,
+    embodiment_ids: dict[str, int] | None,
+    train: bool,
+) -> VLALoader:
+    """``build_loader`` with a rehearsal mixture (see there)."""
+    from vla.data.mixture import ResolvedDataset, resolve_mixture, with_rehearsal
+    from vla.data.normalize import StatsFile, make_normalize_fn
+    from vla.embodiments import get_embodiment
+
+    if cfg.mixture or not cfg.datasets:
+        raise ValueError(
+            "finetune.rehearsal.mixture replays a mixture next to the fine-tuning data: set data.datasets (the "
+            "new robot's data), not data.mixture"
+        )
+    rank, world_size = _rank_world(rank, world_size)
+    opts = standardize_options(cfg)
+    new = [build_source(open_dataset(p), cfg.split, options=opts) for p in cfg.datasets]
+    old_mix = resolve_mixture(rehearsal.mixture, rehearsal.data_root or cfg.data_root)
+    old = [build_source(open_dataset(d.path), d.split or cfg.split, options=opts) for d in old_mix.datasets]
+    sources = [*new, *old]
+    for src in sources:
+        if src.num_samples == 0:
+            raise ValueError(
+                f"{src.reader.path}: split {src.split!r} has no usable frames after standardization"
+            )
+    resolved = with_rehearsal(
+        [ResolvedDataset(s.name, s.reader.path, "", 1.0) for s in new], old_mix, float(rehearsal.fraction)
+    )
+    stream = resolved.sampler(
+        [s.num_samples for s in sources],
+        balance_by_size=cfg.balance_by_size,
+        seed=cfg.seed,
+        rank=rank,
+        world_size=world_size,
+    )
+    embodiments = sorted({src.keymap.embodiment for src in sources})
+    specs = {e: get_embodiment(e) for e in embodiments}
+    normalize, stats, stats_keys = None, None, {}
+    if cfg.normalize:
+        stats, own_keys = _rehearsal_stats(cfg, new, old, base, rehearsal.mixture)
+        normalize = make_normalize_fn(stats, specs, per_dataset=own_keys)
+        stats_keys = {s.name: {f: stats.resolve_key(s.keymap.embodiment, f, s.name if s.name in own_keys else None)
+                               for f in ("state", "action")} for s in sources}  # fmt: skip
+    assert stats is None or isinstance(stats, StatsFile)
+    dataset = WindowDataset(
+        sources,
+        cfg,
+        normalize=normalize,
+        train=train,
+        chunk_lengths={e: s.chunk_length for e, s in specs.items()},
+    )
+    ids = embodiment_ids or {e: i for i, e in enumerate(embodiments)}
+    return VLALoader(
+        dataset, cfg, ids, rank=rank, world_size=world_size, stream=stream, stats=stats, stats_keys=stats_keys
+    )
+
+
+def _rehearsal_stats(
+    cfg: DataConfig,
+    new: Sequence[Source],
+    old: Sequence[Source],
+    base: tuple[StatsFile | None, dict[str, dict[str, str]]],
+    mixture: str,
+) -> tuple[StatsFile, set[str]]:
+    """The fine-tuning datasets' own stats on top of the base checkpoint's, and the names of the datasets read
+    with their own ``"E@D"`` key: a rehearsal dataset exactly as pretraining read it (the base's ``stats_keys``;
+    when the base does not say, its ``"E@D"`` where the file has one), a fine-tuning dataset as ``_load_stats``
+    would read it alone."""
+    from vla.data.normalize import StatsFile
+
+    base_stats, base_keys = base
+    if base_stats is None:
+        raise ValueError(
+            f"finetune.rehearsal.mixture={mixture!r}: the base checkpoint has no norm_stats.json, so its "
+            "embodiments cannot be normalized as in pretraining; fine-tune from a `vla train` checkpoint"
+        )
+    own_keys: set[str] = set()
+    for src in old:
+        emb, own = src.keymap.embodiment, StatsFile.key(src.keymap.embodiment, src.name)
+        used = (base_keys.get(src.name) or {}).get("action")
+        key = used if used in (emb, own) else (own if own in base_stats.stats else emb)
+        for f in ("state", "action"):
+            if f not in base_stats.stats.get(key, {}):
+                raise ValueError(
+                    f"rehearsal dataset {src.name!r} ({src.reader.path}) is embodiment {emb!r}, but the base "
+                    f"checkpoint's stats have no '{key}/{f}' (they cover {sorted(base_stats.stats)}); rehearse "
+                    "with the pretraining mixture of that checkpoint"
+                )
+        if key == own:
+            own_keys.add(src.name)
+    stats, per_dataset = _load_stats(cfg, new)
+    if per_dataset:
+        own_keys.update(s.name for s in new)
+    merged = StatsFile(stats=dict(base_stats.stats), sources=[*base_stats.sources])
+    merged.stats.update({k: dict(v) for k, v in stats.stats.items()})
+    merged.sources += [s for s in stats.sources if s not in merged.sources]
+    return merged, own_keys
+
+
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     import os
 
@@ -352,13 +456,25 @@ def build_loader(
     world_size: int | None = None,
     embodiment_ids: dict[str, int] | None = None,
     train: bool = True,
+    rehearsal: Any = None,
+    base_stats: StatsFile | None = None,
+    base_stats_keys: dict[str, dict[str, str]] | None = None,
 ) -> VLALoader:
     """The loader a ``DataConfig`` describes: datasets or a resolved mixture, normalized with their stats.
 
     ``rank``/``world_size`` default to the initialized ``torch.distributed`` group (else ``RANK``/``WORLD_SIZE``
     from torchrun's environment, else 0/1). ``embodiment_ids`` is the model's embodiment table (name -> index);
     by default the sorted embodiments found.
+
+    ``rehearsal`` (fine-tuning; an object with ``mixture``, ``fraction`` and ``data_root``, e.g. the train
+    config's ``finetune.rehearsal``) replays that mixture's datasets at ``fraction`` of the samples next to
+    ``data.datasets``; they are normalized with ``base_stats`` (the base checkpoint's stats) under the keys
+    ``base_stats_keys`` (its ``preprocessing.json`` ``stats_keys``) says pretraining used, while the fine-tuning
+    datasets use their own.
     """
+    if rehearsal is not None and getattr(rehearsal, "mixture", None):
+        base = (base_stats, base_stats_keys or {})
+        return _rehearsal_loader(cfg, rehearsal, base, rank, world_size, embodiment_ids, train)
     rank, world_size = _rank_world(rank, world_size)
     from vla.data.normalize import make_normalize_fn
     from vla.embodiments import get_embodiment

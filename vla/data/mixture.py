@@ -197,6 +197,53 @@ class ResolvedMixture:
         return MixtureSampler(self.names, self.weights(sizes, balance_by_size), sizes, **kw)
 
 
+@dataclass
+class RehearsalMixture(ResolvedMixture):
+    """Fine-tuning data plus a pretraining mixture replayed at ``fraction`` of the samples (rehearsal).
+
+    ``datasets`` = the ``num_new`` fine-tuning datasets first, then the rehearsal mixture's; the fine-tuning
+    datasets share ``1 - fraction`` of the samples in proportion to their sizes, the mixture's entries share
+    ``fraction`` by the mixture's own weights (and its ``balance_by_size``)."""
+
+    num_new: int = 0
+    fraction: float = 0.0
+
+    def weights(self, sizes: Sequence[int] | None = None, balance_by_size: bool | None = None) -> np.ndarray:
+        n = self.num_new
+        if sizes is None:
+            raise MixtureError("rehearsal weights need the number of samples of every dataset (sizes)")
+        new = mixture_weights([1.0] * n, sizes[:n], balance_by_size=True, names=self.names[:n])
+        old = ResolvedMixture(self.mixture, self.datasets[n:], sim_fraction=self.sim_fraction).weights(
+            sizes[n:], balance_by_size
+        )
+        return np.concatenate([new * (1.0 - self.fraction), old * self.fraction])
+
+
+def with_rehearsal(
+    new: Sequence[ResolvedDataset], rehearsal: ResolvedMixture, fraction: float
+) -> RehearsalMixture:
+    """``new`` (the fine-tuning datasets) followed by ``rehearsal``'s datasets, sampled ``1 - fraction`` :
+    ``fraction``. Dataset names must stay unique across both (the sampler tells them apart by name)."""
+    if not 0.0 < fraction < 1.0:
+        raise MixtureError(f"rehearsal fraction must be in (0, 1), got {fraction}")
+    names = [d.name for d in new]
+    clash = sorted(set(names) & set(rehearsal.names))
+    if clash:
+        raise MixtureError(
+            f"rehearsal mixture {rehearsal.mixture.name!r} also holds the fine-tuning dataset(s) {clash}; "
+            "drop them from data.datasets or pick another mixture"
+        )
+    return RehearsalMixture(
+        rehearsal.mixture,
+        [*new, *rehearsal.datasets],
+        dropped=rehearsal.dropped,
+        message=rehearsal.message,
+        sim_fraction=rehearsal.sim_fraction,
+        num_new=len(new),
+        fraction=fraction,
+    )
+
+
 def split_by_kind(probs: np.ndarray, kinds: Sequence[str], sim_fraction: float, name: str) -> np.ndarray:
     """``probs`` rescaled so the ``sim`` entries together have ``sim_fraction`` of the mass and the ``real`` ones
     the rest, each group keeping its internal proportions."""
@@ -300,9 +347,11 @@ __all__ = [
     "MixtureEntry",
     "MixtureError",
     "MixtureSampler",
+    "RehearsalMixture",
     "ResolvedDataset",
     "ResolvedMixture",
     "get_mixture",
     "mixture_weights",
     "resolve_mixture",
+    "with_rehearsal",
 ]

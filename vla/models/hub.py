@@ -193,7 +193,7 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         from vla.models.adapters import load_adapter_model
 
         model = load_adapter_model(root, meta, map_location)
-        model.norm_stats = _load_stats(root)
+        model.norm_stats = load_norm_stats(root)
         pre = root / PREPROCESSING
         model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
         return model
@@ -204,7 +204,7 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         if not f.is_file():
             raise FileNotFoundError(f"{root}: embodiment spec {f.name} listed in config.json is missing")
         specs.append(EmbodimentSpec.from_yaml(f))
-    stats = _load_stats(root)
+    stats = load_norm_stats(root)
     with empty_weights():  # the weights come from the file: no random initialisation first
         backbone = VLMBackbone.from_config(cfg.backbone, weights=False, path=str(root / "backbone"))
         model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
@@ -215,7 +215,8 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
     return model.to(map_location)
 
 
-def _load_stats(root: Path) -> StatsFile | None:
+def load_norm_stats(root: Path) -> StatsFile | None:
+    """The checkpoint folder's ``norm_stats.json`` (None when it has none)."""
     if not (root / "norm_stats.json").is_file():
         return None
     from vla.data.normalize import StatsFile

@@ -46,7 +46,8 @@ class LoopConfig:
     """The loop: ``steps`` optimizer steps in total, a checkpoint every ``save_every`` steps (and at the end), the
     newest ``keep_last`` kept, ``grad_accum`` micro-batches per step, ``precision`` of the forward/backward
     (``bf16`` = bf16 autocast, weights and optimizer state stay float32), gradient-norm clipping (0 = off),
-    validation loss on ``val_split`` every ``val_every`` steps (0 = off) over ``val_batches`` batches."""
+    validation loss on ``val_split`` every ``val_every`` steps (0 = off) over ``val_batches`` batches, and with
+    ``val_at_start`` once before the first step of a fresh run (the baseline a fine-tuning curve starts from)."""
 
     steps: int = 1000
     save_every: int = 500
@@ -58,6 +59,7 @@ class LoopConfig:
     val_every: int = 0
     val_batches: int = 4
     val_split: str = "val"
+    val_at_start: bool = False
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")
@@ -164,6 +166,24 @@ FINETUNE_MODES = ("none", "lora", "full", "frozen_backbone")
 
 
 @dataclass(frozen=True)
+class RehearsalConfig:
+    """Pretraining data replayed during fine-tuning so the base embodiments keep working: ``fraction`` of the
+    samples come from ``mixture`` (a name from ``data_mixtures/`` or a YAML path, found under ``data_root``,
+    default ``data.data_root``), the rest from ``data.datasets``. Its embodiments are normalized with the base
+    checkpoint's own stats, and their validation losses are logged next to the new robot's."""
+
+    mixture: str | None = None
+    fraction: float = 0.2
+    data_root: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(
+            0.0 < self.fraction < 1.0,
+            f"finetune.rehearsal.fraction must be in (0, 1), got {self.fraction}",
+        )
+
+
+@dataclass(frozen=True)
 class FinetuneConfig:
     """Fine-tuning a checkpoint (``vla finetune INIT``): ``mode`` ``none`` = pretraining from scratch; ``lora`` =
     peft LoRA on the backbone's language layers and the expert (``lora.*``) plus the fine-tuned embodiments' head
@@ -173,8 +193,14 @@ class FinetuneConfig:
     mode: str = "none"
     init: str | None = None
     lora: LoraSettings = field(default_factory=LoraSettings)
+    rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
 
     def __post_init__(self) -> None:
+        _require(
+            self.rehearsal.mixture is None or self.mode != "none",
+            "finetune.rehearsal.mixture is for fine-tuning (`vla finetune INIT ...`); to pretrain on a mixture set "
+            "data.mixture",
+        )
         _require(
             self.mode in FINETUNE_MODES,
             f"finetune.mode must be one of {FINETUNE_MODES}, got {self.mode!r}",
@@ -222,6 +248,7 @@ INCOMPATIBLE = (
     "finetune.mode",
     "finetune.init",
     "finetune.lora",
+    "finetune.rehearsal",
 )
 
 

@@ -72,10 +72,29 @@ def build_model(
     else:
         torch.manual_seed(seed)
         model = POLICIES.get(cfg.model.policy)(cfg.model, [get_embodiment(n) for n in names])
+    if init_from is not None:  # keep what the checkpoint knows of the embodiments this data does not cover
+        stats = with_base_stats(stats, model.norm_stats)
+        pre = preprocessing(cfg, loader)
+        base_keys = (getattr(model, "preprocessing", None) or {}).get("stats_keys") or {}
+        pre["stats_keys"] = {**base_keys, **pre["stats_keys"]}
+        model.preprocessing = pre
+    else:
+        model.preprocessing = preprocessing(cfg, loader)
     model.norm_stats = stats
-    model.preprocessing = preprocessing(cfg, loader)
     _check_image_size(cfg, model)
     return model
+
+
+def with_base_stats(stats: Any, base: Any) -> Any:
+    """The data's stats on top of the base checkpoint's (``StatsFile``s; the data's win for a key both have), so a
+    fine-tuned checkpoint still carries the stats its base embodiments need to be served."""
+    if stats is None or base is None:
+        return stats
+    from vla.data.normalize import StatsFile
+
+    merged = StatsFile(stats={**base.stats, **stats.stats}, sources=[*base.sources])
+    merged.sources += [s for s in stats.sources if s not in merged.sources]
+    return merged
 
 
 def _architecture(cfg: Any) -> dict[str, Any]:

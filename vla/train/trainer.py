@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import resource
 import time
@@ -76,7 +77,9 @@ class Trainer:
         self.rt = Runtime.start(cfg.distributed)
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
-        self.loader = build_loader(cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True)
+        self.loader = build_loader(
+            cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True, **self._rehearsal()
+        )
         if require_embodiment is not None and require_embodiment not in self.loader.embodiment_ids:
             raise ValueError(
                 f"--embodiment {require_embodiment!r}: the data ({', '.join(str(d) for d in cfg.data.datasets)}) "
@@ -92,6 +95,9 @@ class Trainer:
             cfg, self.loader, init_from=self.resume_from or init_from, seed=cfg.train.seed
         )
         self.data_embodiments = sorted(self.loader.embodiment_ids)
+        # the embodiments fine-tuning adapts: those of data.datasets (rehearsed base robots keep their slots)
+        own = self.loader.dataset.sources[: len(cfg.data.datasets)] if cfg.data.datasets else []
+        self.tuned_embodiments = sorted({s.keymap.embodiment for s in own}) or self.data_embodiments
         self.loader.embodiment_ids.clear()
         self.loader.embodiment_ids.update(self.model.embodiment_ids)
         no_decay = self._prepare_finetune()
@@ -122,13 +128,30 @@ class Trainer:
         from vla.train.finetune import prepare_finetune
 
         torch.manual_seed(self.cfg.train.seed)  # LoRA's A matrices are drawn here: same seed, same run
-        no_decay = prepare_finetune(self.model, ft, self.data_embodiments)
+        no_decay = prepare_finetune(self.model, ft, self.tuned_embodiments)
         if ft.mode != "full":
             previous = getattr(self.model, "adapter_reference", None)  # resuming: the original base's names
             base = previous["base_embodiments"] if previous else self.model.base_embodiments
             lora = dataclasses.asdict(ft.lora) if ft.mode == "lora" else None
             self.adapter_ref = base_reference(resolve_checkpoint(ft.init), base, lora)
         return no_decay
+
+    def _rehearsal(self) -> dict[str, Any]:
+        """``build_loader``'s rehearsal arguments: the replayed mixture and the base checkpoint's stats."""
+        ft = self.cfg.finetune
+        if ft.mode == "none" or not ft.rehearsal.mixture:
+            return {}
+        from vla.models.hub import PREPROCESSING, load_norm_stats
+        from vla.models.run_dir import resolve_checkpoint
+
+        assert ft.init is not None  # FinetuneConfig requires it
+        base = resolve_checkpoint(ft.init)
+        pre = json.loads((base / PREPROCESSING).read_text()) if (base / PREPROCESSING).is_file() else {}
+        return {
+            "rehearsal": ft.rehearsal,
+            "base_stats": load_norm_stats(base),
+            "base_stats_keys": pre.get("stats_keys") or {},
+        }
 
     # ---- run folder and resume ---------------------------------------------------------------------------
     def _check_run_dir(self) -> Path | None:
@@ -255,6 +278,7 @@ class Trainer:
                 world_size=self.rt.world_size,
                 train=False,
                 embodiment_ids=self.model.embodiment_ids,
+                **self._rehearsal(),
             )
         except ValueError as e:
             if self.rt.is_main:
@@ -356,6 +380,8 @@ class Trainer:
         self.wrapped.train()
         window: list[tuple[float, float]] = []
         try:
+            if self.val_loader is not None and cfg.train.val_at_start and self.step == 0:
+                logger.event(0, "validation", **self.validate())
             while self.step < cfg.train.steps:
                 self._check_table()
                 t0 = time.perf_counter()
@@ -385,7 +411,7 @@ class Trainer:
                     logger.log(self.step, metrics)
                     window = []
                 if self.val_loader is not None and self.step % cfg.train.val_every == 0:
-                    logger.event(self.step, "validation", val_loss=round(self.validate(), 6))
+                    logger.event(self.step, "validation", **self.validate())
                 if self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
                     last = self.save()
                     logger.event(self.step, "checkpoint", path=str(last))
@@ -405,12 +431,13 @@ class Trainer:
             )
 
     @torch.no_grad()
-    def validate(self) -> float:
+    def validate(self) -> dict[str, float]:
         """Masked flow-matching loss over ``train.val_batches`` batches of the validation split, with fixed noise
-        (the same every time, so successive values are comparable)."""
+        (the same every time, so successive values are comparable): ``val_loss`` and ``val_loss/<embodiment>``
+        for each embodiment in those batches (with rehearsal: the base robots' next to the new one's)."""
         assert self.val_loader is not None
         self.wrapped.eval()
-        total = torch.zeros(2)
+        per_emb = torch.zeros(2, len(self.model.specs))  # [err, weight] per embodiment slot
         self.val_loader.epoch, self.val_loader.batches_done = 0, 0
         for i, batch in enumerate(self.val_loader):
             if i >= self.cfg.train.val_batches:
@@ -418,10 +445,16 @@ class Trainer:
             t, noise = self._flow_inputs(batch, _VALIDATION_STEP)
             with self.rt.autocast(self.cfg.train.precision):
                 terms = self.wrapped(batch, noise=noise, time=t)
-            total += torch.stack([terms.err.sum().float().cpu(), terms.weight.sum().float().cpu()])
+            ids = terms.embodiment_id.cpu()
+            per_emb[0].index_add_(0, ids, terms.err.detach().float().cpu())
+            per_emb[1].index_add_(0, ids, terms.weight.detach().float().cpu())
         self.wrapped.train()
-        total = self.rt.all_reduce_sum(total)
-        return float(total[0] / total[1].clamp(min=1))
+        per_emb = self.rt.all_reduce_sum(per_emb)
+        out = {"val_loss": round(float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1)), 6)}
+        for name, j in self.model.embodiment_ids.items():
+            if per_emb[1, j] > 0:
+                out[f"val_loss/{name}"] = round(float(per_emb[0, j] / per_emb[1, j]), 6)
+        return out
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def save(self) -> Path:
