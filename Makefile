@@ -13,8 +13,12 @@ MARKERS := $(if $(SLOW),not gpu,not slow and not gpu)
 .PHONY: install demo test lint format bench clean
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@$(PY) -c "import torch" 2>/dev/null || { \
+		echo "installing $(TORCH) first: vla needs torch>=2.5, and this picks its build (the largest download and"; \
+		echo "the longest step of the install; another build: make TORCH=... e.g. TORCH=torch on a GPU machine)"; \
+		$(PY) -m pip install --progress-bar on "$(TORCH)"; }
+	@echo "installing vla and its dependencies into $(VENV) (pip install -e '.[dev]')"
 	$(PY) -m pip install -q -e ".[dev]"
 	@# openpi's robot client for the serving compatibility tests; --no-deps: it pins numpy<2 but its code runs on
 	@# numpy 2 and needs only msgpack and websockets, which the project has.
@@ -25,6 +29,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/vla demo
+	@echo "The vla command is installed in $(VENV)/bin: run 'source $(VENV)/bin/activate' to type 'vla ...' (or call $(VENV)/bin/vla)."
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -431,14 +431,28 @@ def test_show_json_step_with_nan_and_inf(tmp_path: Path, capsys: pytest.CaptureF
     assert out["standardized"]["action"][4] == "nan" and out["standardized"]["state"][0] == "inf"
 
 
-def test_show_without_json_prints_the_same_object_indented(
+def test_show_without_json_prints_a_readable_summary(
     droid_rlds: RLDSData, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """One line per field: short arrays in full, long ones as shape + first values, images as shape + mean."""
     one_line = show(capsys, droid_rlds.root, "--episode", 1, "--frame", 2)
     rc, out, err = run_cli(capsys, "data", "show", droid_rlds.root, "--episode", 1, "--frame", 2)
     assert rc == 0, err
-    assert out.count("\n") > 10 and out.startswith("{\n")
-    assert json.loads(out) == one_line
+    lines = out.splitlines()
+    assert lines[0].endswith(f"split 'train', episode 1, frame 2 of {one_line['num_frames']}")
+    fields = {line.split()[0]: line for line in lines if line.startswith("  ")}
+    for key, value in one_line["raw"].items():
+        assert key in fields, key
+        if isinstance(value, dict):  # an image
+            assert f"image {value['shape']}, mean" in fields[key]
+    assert len(lines) < 3 + len(one_line["raw"]) + len(one_line["episode_metadata"]) + 12
+    long = np.arange(600, dtype=np.float64).tolist()
+    from vla.data.inspect import format_frame
+
+    text = format_frame({**one_line, "raw": {"embedding": long}})
+    assert (
+        "embedding" in text and "[600] 0, 1, 2, 3, 4, 5, 6, 7, ... (first 8 of 600; --json for all)" in text
+    )
 
 
 def test_console_script_show_json_and_error(droid_rlds: RLDSData, capsys: pytest.CaptureFixture[str]) -> None:

@@ -132,7 +132,9 @@ def test_info_and_card_name_embodiments_without_stats(
     assert "no stats for sim_ur5e" in card
     rows = {r.split("|")[1].strip(): r for r in card.splitlines() if r.startswith("| sim_ur5e") or
             r.startswith("| widowx_bridge")}  # fmt: skip
-    assert rows["sim_ur5e"].rstrip().endswith("| **none** |") and rows["widowx_bridge"].rstrip().endswith("| yes |")
+    assert rows["sim_ur5e"].rstrip().endswith("| **none** |") and rows["widowx_bridge"].rstrip().endswith(
+        "| yes |"
+    )
 
 
 @pytest.mark.parametrize("chunk", [8, 3])
@@ -184,7 +186,10 @@ def test_merge_keeps_every_split(tmp_path: Path, capsys: pytest.CaptureFixture[s
     reader = LeRobotReader(out)
     origins = {s: [reader.episode_metadata(s, e)["origin"] for e in range(reader.num_episodes(s))]
                for s in reader.splits()}  # fmt: skip
-    assert origins == {"train": ["a/train/0", "a/train/1", "b/train/0", "b/train/1"], "val": ["a/val/0", "b/val/0"]}
+    assert origins == {
+        "train": ["a/train/0", "a/train/1", "b/train/0", "b/train/1"],
+        "val": ["a/val/0", "b/val/0"],
+    }
     src = LeRobotReader(b)
     np.testing.assert_array_equal(
         reader.read_episode("val", 1).steps["action"], src.read_episode("val", 0).steps["action"]
@@ -234,3 +239,31 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str], argv: list[str]
     text = re.sub(r"\s+", " ", capsys.readouterr().out)
     for needle in needles:
         assert needle in text, (needle, text)
+
+
+# ---- configs and mixtures as the README shows them -------------------------------------------------------------
+
+
+def test_data_presets_load_by_name_and_unknown_names_list_the_known_ones() -> None:
+    from vla.config import ConfigError, DataConfig, load_config
+
+    assert load_config(DataConfig, "droid", ["batch_size=4"]).batch_size == 4  # the folder follows the class
+    with pytest.raises(ConfigError) as e:
+        load_config(DataConfig, "drod")
+    msg = str(e.value)
+    assert "Did you mean droid?" in msg and "Known: bridge, droid" in msg and "  " not in msg
+
+
+def test_bridge_mixture_resolves_the_fixture_linked_as_its_comment_says(
+    bridge_fixture: Path, tmp_path: Path
+) -> None:
+    from vla.data.mixture import resolve_mixture
+
+    comment = (REPO / "data_mixtures" / "bridge.yaml").read_text()
+    assert "oxe_bridge_dataset_octo_debug data/oxe/bridge_dataset" in comment
+    (tmp_path / "oxe").mkdir()
+    (tmp_path / "oxe" / "bridge_dataset").symlink_to(bridge_fixture.parent)
+    resolved = resolve_mixture("bridge", tmp_path / "oxe")
+    assert [(d.name, d.path.resolve(), d.format) for d in resolved.datasets] == [
+        ("bridge_dataset", bridge_fixture.resolve(), "rlds")
+    ]

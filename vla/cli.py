@@ -46,13 +46,13 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 
 
 def cmd_data_show(args: argparse.Namespace) -> int:
-    from vla.data.inspect import show_frame
+    from vla.data.inspect import format_frame, show_frame
 
     out = show_frame(args.path, args.split, args.episode, args.frame)
     if args.json:
         _print_json(out)
     else:
-        print(json.dumps(out, indent=2))
+        print(format_frame(out))
     return 0
 
 
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split", default=None)
     s.add_argument("--episode", type=int, required=True)
     s.add_argument("--frame", type=int, required=True)
-    s.add_argument("--json", action="store_true", help="one JSON object on one line")
+    s.add_argument("--json", action="store_true", help="one JSON object on one line, every value in full")
     s.set_defaults(fn=cmd_data_show)
 
     s = data.add_parser("stats", help="normalization statistics per embodiment (versioned JSON)")

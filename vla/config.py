@@ -144,6 +144,10 @@ class DataConfig:
         )
 
 
+#: The ``configs/<kind>/`` folder of each config class's named presets (``load_config``'s default ``kind``).
+PRESET_KINDS: dict[type, str] = {DataConfig: "data"}
+
+
 # ---- loading ---------------------------------------------------------------------------------------------
 def resolve_preset(kind: str, name_or_path: str | Path) -> Path:
     """A YAML path as given, or ``configs/<kind>/<name>.yaml``; unknown names get "did you mean"."""
@@ -156,12 +160,16 @@ def resolve_preset(kind: str, name_or_path: str | Path) -> Path:
     cand = folder / f"{name_or_path}.yaml"
     if cand.is_file():
         return cand
+    if not kind:
+        raise ConfigError(
+            f"{name_or_path!r} is neither a YAML file nor a preset name this loader knows the folder of: pass "
+            f"kind= (the folder under {config_dir()}: {', '.join(sorted(PRESET_KINDS.values()))}, ...) or a path"
+        )
     known = sorted(x.stem for x in folder.glob("*.yaml"))
     close = difflib.get_close_matches(str(name_or_path), known, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(
-        f"Unknown {kind} preset {name_or_path!r}.{hint} Known: {', '.join(known) or '(none)'} (in {folder})."
-    )
+    listed = f"Known: {', '.join(known)}" if known else "There are no presets"
+    raise ConfigError(f"Unknown {kind} preset {name_or_path!r}.{hint} {listed} (in {folder}).")
 
 
 def read_preset(kind: str, name_or_path: str | Path) -> dict[str, Any]:
@@ -232,7 +240,9 @@ def load_config(
     *,
     kind: str = "",
 ) -> C:
-    """Build a ``cls`` config from a preset (path, name under ``configs/<kind>/`` or dict) plus dotted overrides."""
+    """Build a ``cls`` config from a preset (path, name under ``configs/<kind>/`` or dict) plus dotted overrides.
+    ``kind`` defaults to the class's preset folder (``PRESET_KINDS``: ``DataConfig`` -> ``configs/data/``)."""
+    kind = kind or PRESET_KINDS.get(cls, "")
     data: dict[str, Any] = {}
     if isinstance(preset, dict):
         # nested config objects given in a dict preset are turned back into plain dicts for decoding

@@ -101,3 +101,61 @@ def show_frame(path: str | Path, split: str | None, episode: int, frame: int) ->
             out["standardized"] = None
             out["standardized_note"] = str(e)
     return out
+
+
+#: Arrays longer than this print as their shape and first ``SHOWN_VALUES`` values in ``format_frame``.
+SHOWN_VALUES = 8
+
+
+def _shape(value: list[Any]) -> list[int]:
+    shape = [len(value)]
+    while value and isinstance(value[0], list):
+        value = value[0]
+        shape.append(len(value))
+    return shape
+
+
+def _number(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _brief(value: Any) -> str:
+    """One line for one JSON value of ``show_frame``: numbers with 4 digits, long arrays by shape + first values,
+    images as shape + mean, long strings cut."""
+    if isinstance(value, dict) and set(value) == {"shape", "mean"}:
+        return f"image {value['shape']}, mean {_number(value['mean'])}"
+    if isinstance(value, list):
+        shape = _shape(value)
+        flat = np.asarray(value, dtype=object).reshape(-1).tolist() if len(shape) > 1 else value
+        if len(flat) <= SHOWN_VALUES:
+            return "[" + ", ".join(_number(v) for v in flat) + "]"
+        head = ", ".join(_number(v) for v in flat[:SHOWN_VALUES])
+        return f"{shape} {head}, ... (first {SHOWN_VALUES} of {len(flat)}; --json for all)"
+    if isinstance(value, str):
+        return repr(value if len(value) <= 120 else value[:117] + "...")
+    return _number(value)
+
+
+def format_frame(out: dict[str, Any]) -> str:
+    """``show_frame``'s dict as a readable summary (``vla data show`` without ``--json``): one line per field."""
+    lines = [
+        f"{out['path']} ({out['format']}): split {out['split']!r}, episode {out['episode']}, frame {out['frame']} "
+        f"of {out['num_frames']}"
+    ]
+    for section in ("episode_metadata", "raw", "standardized"):
+        if section not in out:
+            continue
+        value = out[section]
+        if value is None:
+            lines.append(f"{section}: none ({out.get('standardized_note', '')})")
+            continue
+        lines.append(f"{section}:")
+        rows: list[tuple[str, str]] = []
+        for key, v in value.items():
+            if isinstance(v, dict) and set(v) != {"shape", "mean"}:  # e.g. standardized images by slot
+                rows += [(f"{key}.{sub}", _brief(w)) for sub, w in v.items()]
+            else:
+                rows.append((key, _brief(v)))
+        width = max(len(name) for name, _ in rows) if rows else 0
+        lines += [f"  {name.ljust(width)}  {text}" for name, text in rows]
+    return "\n".join(lines)
