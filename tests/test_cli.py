@@ -785,7 +785,8 @@ def _make_recipe(target: str) -> list[str]:
 
 def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     assert "make demo" in (REPO_ROOT / "README.md").read_text()
-    (command,) = _make_recipe("demo")
+    command, *after = _make_recipe("demo")
+    assert any("source $(VENV)/bin/activate" in line for line in after), "make demo says how to get `vla`"
     venv = Path(sys.executable).parent.parent
     argv = shlex.split(command.replace("$(VENV)", str(venv)))
     assert Path(argv[0]) == VLA_BIN and argv[1:] == ["demo"], command
@@ -798,6 +799,7 @@ def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     out = proc.stdout
     sections = [m.group(1) for m in re.finditer(r"^== (.+)$", out, re.M)]
     assert [s.split(".")[0] for s in sections[:-1]] == [str(i) for i in range(1, 11)], sections
+    assert "SYNTHETIC" in sections[0], "the demo says its datasets are made up"
     assert sections[-1] == "not built yet"
     tail = out.split("== not built yet", 1)[1]
     for part in ("vla serve", "vla eval"):

@@ -267,3 +267,47 @@ def test_bridge_mixture_resolves_the_fixture_linked_as_its_comment_says(
     assert [(d.name, d.path.resolve(), d.format) for d in resolved.datasets] == [
         ("bridge_dataset", bridge_fixture.resolve(), "rlds")
     ]
+
+
+# ---- previews --------------------------------------------------------------------------------------------------
+
+
+def test_preview_shows_raw_and_converted_data_alike_with_named_cameras_and_dims(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Same camera slots in the same order and the same named state/action traces for an RLDS dataset and its
+    LeRobot conversion; camera panels carry their label."""
+    from vla.data.preview import episode_content
+    from vla.data.readers import open_dataset
+    from vla.data.writers.rlds import droid_features, synthetic_droid_episode, write_rlds
+
+    rng = np.random.default_rng(5)
+    write_rlds(tmp_path / "droid" / "1.0.0", "droid", {"train": [synthetic_droid_episode(rng, 6, (24, 32, 3))]},
+               *droid_features((24, 32, 3)))  # fmt: skip
+    assert main(["data", "convert", str(tmp_path / "droid"), str(tmp_path / "conv"), "--to", "lerobot",
+                 "--no-video"]) == 0  # fmt: skip
+    contents = []
+    for path in (tmp_path / "droid", tmp_path / "conv"):
+        reader = open_dataset(path)
+        contents.append(episode_content(reader, "train", 0, reader.read_episode("train", 0).steps))
+    (raw_cams, raw_traces), (conv_cams, conv_traces) = contents
+    assert [c[0].split()[0] for c in raw_cams] == [c[0].split()[0] for c in conv_cams] == [
+        "primary", "secondary", "wrist"
+    ]  # fmt: skip
+    assert list(raw_traces) == list(conv_traces) == ["franka_droid state", "franka_droid action"]
+    spec = get_embodiment("franka_droid")
+    for title, names in (
+        ("franka_droid state", spec.state_names()),
+        ("franka_droid action", spec.action_names()),
+    ):
+        assert raw_traces[title][2] == conv_traces[title][2] == names
+        np.testing.assert_array_equal(raw_traces[title][1], conv_traces[title][1])
+    out = tmp_path / "p.gif"
+    capsys.readouterr()
+    assert main(["data", "preview", str(tmp_path / "conv"), "--out", str(out)]) == 0
+    from PIL import Image
+
+    with Image.open(out) as gif:
+        frame = np.asarray(gif.convert("RGB"))
+    strip = frame[:12, :80].astype(float)  # the label strip: dark with light text
+    assert (strip < 40).mean() > 0.6 and (strip > 200).any()

@@ -48,7 +48,10 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     work.mkdir(parents=True)
     marker.write_text("made by vla demo; the next run wipes and rewrites this folder\n")
 
-    _say("1. write datasets (LeRobot v3.0 with AV1 video; RLDS in DROID's published layout)")
+    _say(
+        "1. write datasets: SYNTHETIC (made up here: smooth states/actions, striped images that code their frame "
+        "index; not robot data) as LeRobot v3.0 with AV1 video, and as RLDS in DROID's published layout"
+    )
     widowx = make_lerobot_dataset(
         work / "data" / "widowx_demo",
         num_episodes=4,
@@ -64,7 +67,9 @@ def run_demo(workdir: str | Path = "outputs/demo") -> int:
     episodes = [synthetic_droid_episode(rng, 20, (90, 160, 3)) for _ in range(3)]
     droid = work / "data" / "droid_100"
     write_rlds(droid, "droid_100", {"train": episodes}, *droid_features((90, 160, 3)))
-    print(f"wrote {widowx} and {droid}")
+    print(
+        f"wrote {widowx} and {droid} (both synthetic: the shapes and formats of real data, not its content)"
+    )
 
     _say("2. vla data info")
     for path in (widowx, droid):

@@ -1,7 +1,13 @@
 """``vla data preview``: render one episode so a person can look at it.
 
-Each output frame shows every camera side by side (resized to a common height) and, under them, the episode's
-state and action traces (matplotlib, drawn once) with a cursor at the current step. MP4 (H.264 via PyAV) or GIF.
+Each output frame shows every camera side by side (resized to a common height, each labelled with its name) and,
+under them, the episode's state and action traces (matplotlib, drawn once; one line per dim, named in a legend)
+with a cursor at the current step. MP4 (H.264 via PyAV) or GIF.
+
+With a registered key map the preview shows what training sees, so a raw dataset and its ``vla data convert``
+output look the same: cameras in camera-slot order labelled ``slot (stored key)`` (cameras without a slot follow,
+marked unmapped), and the standardized state and action with the embodiment spec's dim names, at the raw frames
+the key map keeps. Without one, every camera and every state/action-like field as stored.
 """
 
 from __future__ import annotations
@@ -10,15 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-from vla.data.readers import open_dataset
+from vla.data.readers import DatasetReader, open_dataset
 from vla.data.transforms import resize_images
 
 CAMERA_HEIGHT = 192
 CHUNK = 32  # frames decoded per read_images call (the composed preview frames are all kept until written)
 
 
-def _lowdim_traces(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The state- and action-like numeric fields of an episode, as float ``[T, D]`` arrays."""
+#: A trace: (raw frame indices ``[T]``, values ``[T, D]``, one name per dim).
+Trace = tuple[np.ndarray, np.ndarray, list[str]]
+
+
+def _lowdim_traces(steps: dict[str, np.ndarray], names: dict[str, list[str]]) -> dict[str, Trace]:
+    """The state- and action-like numeric fields of an episode as stored (``names``: dim names per field)."""
     out = {}
     for key, arr in steps.items():
         if arr.dtype.kind not in "fiub" or arr.dtype == object:
@@ -27,11 +37,61 @@ def _lowdim_traces(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if any(w in low for w in ("state", "action", "position", "velocity", "proprio", "joint", "gripper")):
             a = arr.reshape(len(arr), -1).astype(np.float64)
             if a.shape[1] <= 32:
-                out[key] = a
+                dims = names.get(key) or []
+                dims = dims if len(dims) == a.shape[1] else [f"{key}[{d}]" for d in range(a.shape[1])]
+                out[key] = (np.arange(len(a)), a, [str(d) for d in dims])
     return out
 
 
-def _plot_panel(traces: dict[str, np.ndarray], width: int, fps: float) -> tuple[np.ndarray, float, float]:
+def _feature_names(reader: DatasetReader) -> dict[str, list[str]]:
+    """Per-dim names a LeRobot dataset declares (``info.json`` features' ``names``), when it does."""
+    info = reader.lerobot_info() if hasattr(reader, "lerobot_info") else {}
+    out = {}
+    for key, ft in (info.get("features") or {}).items():
+        names = ft.get("names")
+        if isinstance(names, dict):  # LeRobot v2 style {"motors": [...]}
+            names = next(iter(names.values()), None)
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            out[key] = names
+    return out
+
+
+def episode_content(
+    reader: DatasetReader, split: str, episode: int, steps: dict[str, np.ndarray]
+) -> tuple[list[tuple[str, str]], dict[str, Trace]]:
+    """What the preview shows: cameras as ``(label, stored key)`` in display order, and the traces by title."""
+    from vla.data.standardize import keymap_for, standardize_episode
+
+    keymap = keymap_for(reader)
+    if keymap is None:
+        return [(k, k) for k in reader.image_keys()], _lowdim_traces(steps, _feature_names(reader))
+    from vla.embodiments import get_embodiment
+
+    std = standardize_episode(reader, split, episode, keymap)
+    spec = get_embodiment(keymap.embodiment)
+    cameras = [(f"{slot} ({key})", key) for slot, key in keymap.cameras.items()]
+    cameras += [
+        (f"{key} (unmapped)", key) for key in reader.image_keys() if key not in keymap.cameras.values()
+    ]
+    traces = {
+        f"{keymap.embodiment} state": (std.frames, std.state.astype(np.float64), spec.state_names()),
+        f"{keymap.embodiment} action": (std.frames, std.action.astype(np.float64), spec.action_names()),
+    }
+    return cameras, traces
+
+
+def _label(image: np.ndarray, text: str) -> np.ndarray:
+    """``image`` (uint8 ``[H, W, 3]``) with ``text`` on a dark strip along its top edge."""
+    from PIL import Image, ImageDraw
+
+    im = Image.fromarray(image)
+    draw = ImageDraw.Draw(im)
+    draw.rectangle((0, 0, im.width, 12), fill=(0, 0, 0))
+    draw.text((3, 1), text, fill=(255, 255, 255))
+    return np.asarray(im)
+
+
+def _plot_panel(traces: dict[str, Trace], width: int, fps: float) -> tuple[np.ndarray, float, float]:
     """Render the traces once; returns (RGB uint8 [h, width, 3], x pixel of t=0, pixels per second)."""
     import matplotlib
 
@@ -41,12 +101,14 @@ def _plot_panel(traces: dict[str, np.ndarray], width: int, fps: float) -> tuple[
     n = max(1, len(traces))
     dpi = 100
     fig, axes = plt.subplots(n, 1, figsize=(width / dpi, 1.6 * n), dpi=dpi, sharex=True, squeeze=False)
-    length = max((len(v) for v in traces.values()), default=1)
+    length = max((int(f[-1]) + 1 for f, _, _ in traces.values() if len(f)), default=1)
     t = np.arange(length) / fps
-    for ax, (key, arr) in zip(axes[:, 0], traces.items()):
+    for ax, (key, (frames, arr, names)) in zip(axes[:, 0], traces.items()):
         for d in range(arr.shape[1]):
-            ax.plot(t[: len(arr)], arr[:, d], linewidth=1)
-        ax.set_ylabel(key, fontsize=7, rotation=0, ha="right", va="center")
+            ax.plot(frames / fps, arr[:, d], linewidth=1, label=names[d])
+        ax.set_title(key, fontsize=7, loc="left")
+        ax.legend(fontsize=5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                  ncol=1 + arr.shape[1] // 9)  # fmt: skip
         ax.tick_params(labelsize=6)
     axes[-1, 0].set_xlabel("time [s]", fontsize=7)
     axes[0, 0].set_xlim(0, max(t[-1], 1e-3))
@@ -81,8 +143,8 @@ def preview_episode(
         keymap = keymap_for(reader)
         fps = reader.fps or (keymap.control_hz if keymap is not None else None) or 10.0
     ep = reader.read_episode(split, episode)
-    keys = reader.image_keys()
-    traces = _lowdim_traces(ep.steps)
+    cameras, traces = episode_content(reader, split, episode, ep.steps)
+    keys = [key for _, key in cameras]
 
     frames: list[np.ndarray] = []
     panel = None
@@ -91,12 +153,19 @@ def preview_episode(
         imgs = reader.read_images(split, episode, idx, keys) if keys else {}
         for j, _ in enumerate(idx):
             row = [
-                np.asarray(
-                    resize_images(
-                        v[j : j + 1], (CAMERA_HEIGHT, max(1, round(v.shape[2] * CAMERA_HEIGHT / v.shape[1])))
-                    )
-                )[0]
-                for v in imgs.values()
+                _label(
+                    np.asarray(
+                        resize_images(
+                            imgs[key][j : j + 1],
+                            (
+                                CAMERA_HEIGHT,
+                                max(1, round(imgs[key].shape[2] * CAMERA_HEIGHT / imgs[key].shape[1])),
+                            ),
+                        )
+                    )[0],
+                    label,
+                )
+                for label, key in cameras
             ] or [np.zeros((CAMERA_HEIGHT, CAMERA_HEIGHT, 3), np.uint8)]
             frames.append(np.concatenate(row, axis=1))
     width = frames[0].shape[1]
