@@ -90,6 +90,67 @@ def cmd_eval_gap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _episode_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--episodes: expected comma-separated episode indices, got {text!r}") from None
+
+
+def _logged(args: argparse.Namespace) -> list[Any]:
+    from vla.eval.replay import read_sim_episodes
+
+    episodes = read_sim_episodes(args.dataset, _episode_list(args.episodes), args.split)
+    if args.embodiment:
+        for ep in episodes:
+            ep.embodiment = args.embodiment
+    return episodes
+
+
+def cmd_eval_replay(args: argparse.Namespace) -> int:
+    from vla.eval.replay import SimParams, replay, write_report
+
+    if args.bridge:
+        from vla.eval.bridge import replay_bridge
+
+        report = replay_bridge(
+            args.dataset, split=args.split or "train", episodes=_episode_list(args.episodes)
+        )
+        s = report["summary"]
+        print(f"{s['episodes']} Bridge episodes on the sim WidowX: end-effector divergence mean {s['mean_m'] * 1e3:.1f} mm, "
+              f"final {s['final_m'] * 1e3:.1f} mm, max {s['max_m'] * 1e3:.1f} mm")  # fmt: skip
+    else:
+        params = SimParams.parse(args.params or "")
+        report = replay(_logged(args), params, use_record=not args.no_record).to_json()
+        s = report["summary"]
+        print(f"{len(report['episodes'])} episodes, joint divergence (rad) mean {s['mean']:.5f} final "
+              f"{s['final']:.5f} max {s['max']:.5f}")  # fmt: skip
+    if args.out:
+        print(f"-> {write_report(report, args.out)}")
+    return 0
+
+
+def cmd_eval_sysid(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vla.eval.sysid import fit, parse_params, write_preset
+
+    result = fit(_logged(args), parse_params(args.params), max_latency=args.max_latency, max_evals=args.max_evals,
+                 seed=args.seed, use_record=args.use_record)  # fmt: skip
+    out = write_preset(result, args.out, name=f"sysid_{Path(args.dataset).name}", spread=args.spread)
+    Path(out).with_suffix(".json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    print(
+        f"replay error {result['error_before']:.5f} -> {result['error_after']:.5f} rad ({result['evaluations']} replays)"
+    )
+    for name, value in result["params"].items():
+        flag = "" if result["identifiable"][name] else "  (not identifiable from these logs)"
+        print(f"  {name} = {value:.4g}{flag}")
+    print(f"-> {out} (use with --randomization {out}), {Path(out).with_suffix('.json')}")
+    return 0
+
+
 def add_eval_parser(sub: Any) -> None:
     """Add ``vla eval ...`` to the top-level sub-parsers ``sub``."""
     ev = sub.add_parser("eval", help="closed-loop evaluation and reality-gap metrics").add_subparsers(
@@ -125,6 +186,38 @@ def add_eval_parser(sub: Any) -> None:
                    help="a CSV (policy,success_rate[,task]) of real rates, or eval run folders (e.g. reality_proxy)")  # fmt: skip
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_eval_gap)
+
+    s = ev.add_parser("replay", help="replay logged actions open loop in the sim: state divergence per step")
+    s.add_argument("dataset", help="a `vla sim generate` dataset, or with --bridge the Bridge RLDS export")
+    s.add_argument(
+        "--bridge", action="store_true", help="real WidowX logs (Bridge RLDS) on the sim WidowX via IK"
+    )
+    s.add_argument("--episodes", default=None, help="comma-separated episode indices (default: all)")
+    s.add_argument("--split", default=None)
+    s.add_argument("--embodiment", default=None, help="sim robot to replay on (default: the dataset's)")
+    s.add_argument("--params", default=None, help="sim parameter scales, e.g. damping=1.2,kp=0.9,latency=1")
+    s.add_argument(
+        "--no-record", action="store_true", help="do not re-apply the episodes' randomization records"
+    )
+    s.add_argument("--out", default=None, help="replay.json")
+    s.set_defaults(fn=cmd_eval_replay)
+
+    s = ev.add_parser(
+        "sysid", help="fit sim parameters to logs (min replay error, CMA-ES) -> randomization preset"
+    )
+    s.add_argument("dataset", help="logged trajectories (a LeRobot dataset written by `vla sim generate`)")
+    s.add_argument("--embodiment", default=None, help="sim robot to replay on (default: the dataset's)")
+    s.add_argument("--params", default="friction,damping,armature,kp,latency")
+    s.add_argument("--out", required=True, help="preset YAML (the fit report is written next to it as .json)")
+    s.add_argument("--episodes", default=None, help="comma-separated episode indices (default: all)")
+    s.add_argument("--split", default=None)
+    s.add_argument("--max-evals", type=int, default=300, help="replay budget of the search")
+    s.add_argument("--max-latency", type=int, default=4, help="largest latency (control steps) searched")
+    s.add_argument("--spread", type=float, default=0.05, help="preset range: fit x [1 - spread, 1 + spread]")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--use-record", action="store_true",
+                   help="replay with the episodes' randomization records (default: the nominal world is fitted)")  # fmt: skip
+    s.set_defaults(fn=cmd_eval_sysid)
 
 
 def _print_json(obj: object) -> None:
