@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # `make test SLOW=1` also runs the tests marked slow (gpu-marked tests never run here: no CUDA on CI).
 MARKERS := $(if $(SLOW),not gpu,not slow and not gpu)
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench clean chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
@@ -35,7 +35,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# The eval report's browser test loads the page in headless Chromium: Debian's package, installed when missing and
+# run as root (otherwise that test skips and says so).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's chromium (apt-get) for the eval report's browser test"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "chromium missing and not root: the eval report's browser test will skip"; fi; }
+
+test: lint chromium
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m "$(MARKERS)" $(PYTEST_ARGS)
 
 format: $(STAMP)

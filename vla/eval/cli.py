@@ -151,6 +151,14 @@ def cmd_eval_sysid(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_report(args: argparse.Namespace) -> int:
+    from vla.eval.report import build_report
+
+    out = build_report(args.runs, args.out, title=args.title)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, self-contained)")
+    return 0
+
+
 def add_eval_parser(sub: Any) -> None:
     """Add ``vla eval ...`` to the top-level sub-parsers ``sub``."""
     ev = sub.add_parser("eval", help="closed-loop evaluation and reality-gap metrics").add_subparsers(
@@ -218,6 +226,12 @@ def add_eval_parser(sub: Any) -> None:
     s.add_argument("--use-record", action="store_true",
                    help="replay with the episodes' randomization records (default: the nominal world is fitted)")  # fmt: skip
     s.set_defaults(fn=cmd_eval_sysid)
+
+    s = ev.add_parser("report", help="one self-contained offline HTML page over eval outputs")
+    s.add_argument("runs", nargs="+", help="sim/sweep run folders, gap folders, replay .json files")
+    s.add_argument("--out", required=True, help="report.html")
+    s.add_argument("--title", default="vla eval report")
+    s.set_defaults(fn=cmd_eval_report)
 
 
 def _print_json(obj: object) -> None:
