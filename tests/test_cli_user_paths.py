@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -311,3 +312,44 @@ def test_preview_shows_raw_and_converted_data_alike_with_named_cameras_and_dims(
         frame = np.asarray(gif.convert("RGB"))
     strip = frame[:12, :80].astype(float)  # the label strip: dark with light text
     assert (strip < 40).mean() > 0.6 and (strip > 200).any()
+
+
+def test_long_data_commands_show_episode_progress_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """convert / validate / merge / stats: a bar with episode counts on stderr (on a terminal, or progress=True)."""
+    from vla.data.convert import convert_dataset
+    from vla.data.merge import merge_datasets
+    from vla.data.stats import compute_stats
+    from vla.data.validate import validate_dataset
+
+    src = widowx_dataset(tmp_path / "src")
+    capsys.readouterr()
+    for run in (
+        lambda p: convert_dataset(src, tmp_path / "c", progress=p),
+        lambda p: validate_dataset(src, progress=p),
+        lambda p: merge_datasets([src], tmp_path / "m", progress=p, overwrite=True),
+        lambda p: compute_stats(src, progress=p),
+    ):
+        run(False)
+        assert "3/3" not in capsys.readouterr().err
+        shutil.rmtree(tmp_path / "c", ignore_errors=True)
+        run(True)
+        err = capsys.readouterr().err
+        assert "3/3" in err and "ep" in err, err
+        shutil.rmtree(tmp_path / "c", ignore_errors=True)
+
+
+def test_merge_of_datasets_with_png_images_keeps_the_frames(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = widowx_dataset(tmp_path / "a", num_episodes=2)
+    b = widowx_dataset(tmp_path / "b", num_episodes=1, seed=3)
+    rc, _, err = run_cli(capsys, "data", "merge", a, b, "--out", tmp_path / "m")
+    assert rc == 0, err
+    merged, src = LeRobotReader(tmp_path / "m"), LeRobotReader(b)
+    key = "observation.images.front"
+    frames = list(range(6))
+    np.testing.assert_array_equal(
+        merged.read_images("train", 2, frames, [key])[key], src.read_images("train", 0, frames, [key])[key]
+    )

@@ -179,6 +179,7 @@ def merge_datasets(
     info = readers[0].lerobot_info()
     user = {k: v for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     keys = [k for k, ft in user.items() if ft["dtype"] == "video"]
+    cameras = [k for k, ft in user.items() if ft["dtype"] in ("video", "image")]  # decoded when not copied
     blocker, codec = _copy_plan(readers, keys) if keys else ("no videos", "")
     copy = blocker is None
     settings: dict[str, Any] = {}
@@ -190,8 +191,9 @@ def merge_datasets(
     stats = {r.path: _video_stats(r, keys) for r in readers} if copy else {}
     copied, reasons = 0, [] if copy else [blocker]
     show = sys.stderr.isatty() if progress is None else progress
+    # cameras stay stored as the sources store them (PNG images stay lossless images, videos stay videos)
     with LeRobotWriter(out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="create",
-                       **settings) as w:  # fmt: skip
+                       video=bool(keys), **settings) as w:  # fmt: skip
         for split, r, e, meta in tqdm(items, desc=f"merge -> {out.name}", unit="ep", disable=not show):
             raw = r.read_episode(split, e)
             tasks, metadata = [str(t) for t in raw.steps["task"]], writer_episode_metadata(meta)
@@ -206,7 +208,7 @@ def merge_datasets(
                     copied += 1
                     continue
                 reasons.append(why)
-            imgs = r.read_images(split, e, list(range(raw.length)), keys)
+            imgs = r.read_images(split, e, list(range(raw.length)), cameras)
             w.add_episode(
                 {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}, tasks, metadata, split=split
             )
