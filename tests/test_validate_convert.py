@@ -377,7 +377,9 @@ def test_convert_keeps_every_split_and_says_what_it_dropped(
     write_rlds(tmp_path / "droid" / "1.0.0", "droid", {"train": train, "val": val},
                *droid_features(DROID_IMAGE))  # fmt: skip
     dst = tmp_path / "out"
-    rc, out, err = run_cli(capsys, "data", "convert", tmp_path / "droid", dst, "--to", "lerobot", "--no-video")
+    rc, out, err = run_cli(
+        capsys, "data", "convert", tmp_path / "droid", dst, "--to", "lerobot", "--no-video"
+    )
     assert rc == 0, err
     info = json.loads((dst / "meta" / "info.json").read_text())
     assert info["splits"] == {"train": "0:3", "val": "3:5"}
@@ -475,7 +477,9 @@ def test_convert_lerobot_without_key_map_copies_fields_as_stored(
         )
 
 
-def test_convert_overwrite_replaces_only_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_convert_overwrite_replaces_only_a_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_droid(tmp_path / "droid", droid_episodes(12))
     dst = tmp_path / "dst"
     widowx_lerobot(dst, num_episodes=1)
