@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from vla.cli import main
@@ -184,11 +185,12 @@ def test_checkpoint_through_the_policy_is_deterministic(tiny_checkpoint: Path, t
     a = evaluate(EvalConfig(**kw, out=str(tmp_path / "a")), progress_bar=False)
     b = evaluate(EvalConfig(**kw, out=str(tmp_path / "b")), progress_bar=False)
     assert _strip_timings(a) == _strip_timings(b)
-    assert all(ep["policy_calls"] == 3 for ep in a["episodes_detail"])  # 10 steps, 4 actions per chunk
+    calls = [(ep["steps"], ep["policy_calls"]) for ep in a["episodes_detail"]]
+    assert all(c == -(-s // 4) for s, c in calls) and max(s for s, _ in calls) == 10, (
+        calls
+    )  # 4 actions per chunk
     assert a["timing"]["policy_time_s"] > 0 and len(a["videos"]) == 2
     # the policy moved the arm (its actions were executed, not the home pose held)
-    import numpy as np
-
     from vla.sim.env import make
 
     env = make("widowx", "reach", image_size=32)
@@ -204,3 +206,39 @@ def test_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         EvalConfig(policy="expert", embodiment="widowx", task="reach", episodes=0, out=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="vla eval sim"):
         load_results(tmp_path)
+
+
+def test_via_server_matches_in_process(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The same checkpoint served by `vla serve` (fp32 eager) and evaluated through the robot-side client gives
+    the in-process trajectories: the request carries each chunk's seed."""
+    import re
+    import subprocess
+    import sys
+
+    from train_helpers import REPO, cli_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vla.cli", "serve", str(tiny_checkpoint), "--port", "0", "--dtype", "float32",
+         "--no-compile"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO,
+    )  # fmt: skip
+    try:
+        url = None
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if m := re.search(r"ready at (ws://\S+)", line):
+                url = m.group(1)
+                break
+        assert url, "vla serve did not become ready"
+        kw = {"policy": str(tiny_checkpoint), "embodiment": "widowx", "task": "reach", "episodes": 2,
+              "image_size": 32, "max_steps": 8, "execute_steps": 4}  # fmt: skip
+        local = evaluate(EvalConfig(**kw, out=str(tmp_path / "local")), progress_bar=False)
+        remote = evaluate(EvalConfig(**kw, out=str(tmp_path / "remote"), via_server=url), progress_bar=False)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert remote["config"]["via_server"] == url and remote["policy"] == local["policy"]
+    for a, b in zip(local["episodes_detail"], remote["episodes_detail"], strict=True):
+        assert (a["steps"], a["policy_calls"], a["success"]) == (b["steps"], b["policy_calls"], b["success"])
+        assert np.allclose(a["final_state"], b["final_state"], atol=1e-4), (
+            a["final_state"],
+            b["final_state"],
+        )
