@@ -244,6 +244,12 @@ def test_finetune_an_unregistered_robot_from_its_spec_file(base: tuple[Path, Pat
     assert r.returncode == 0, r.stderr[-3000:]
     model = from_pretrained(tmp_path / "ft")
     assert list(model.embodiment_ids) == ["widowx_bridge", "my_arm_ft"]
+    # a fresh process knows the robot from the checkpoint alone
+    r = run_cli(
+        ["model", "predict", str(tmp_path / "ft"), str(data), "--episode", "0", "--frame", "0", "--json"]
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["embodiment"] == "my_arm_ft"
     with pytest.raises(FileNotFoundError, match="does not exist"):
         get_embodiment(tmp_path / "missing.yaml")
 

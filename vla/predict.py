@@ -85,6 +85,7 @@ def predict_frame(
 
     ckpt = resolve_checkpoint(checkpoint)
     model = from_pretrained(ckpt).eval()
+    register_checkpoint_specs(model, ckpt)
     reader = open_dataset(dataset)
     split = _check_split(reader, split)
     _check_episode_frame(reader, split, episode, frame)
@@ -124,6 +125,15 @@ def predict_frame(
         "recorded_is_pad": is_pad.tolist(),
         "error": _errors(actions, recorded, is_pad),
     }
+
+
+def register_checkpoint_specs(model: FlowVLA, ckpt: Path) -> None:
+    """Make the checkpoint's robots known to this process (a fine-tuned robot from a spec file no config holds), so
+    its dataset's ``robot_type`` resolves; a built-in spec of the same name must be the same spec."""
+    from vla.embodiments import register_embodiment
+
+    for spec in model.specs:
+        register_embodiment(spec, where=f"{ckpt}/embodiments/{spec.name}.yaml")
 
 
 # ---- steps -----------------------------------------------------------------------------------------------------
