@@ -120,6 +120,17 @@ def test_drafted_spec_makes_the_robot_loadable(my_arm: Path, tmp_path: Path, reg
         write_stats(my_arm)
     r = run_cli(["data", "stats", str(my_arm), "--embodiment", str(out)])
     assert r.returncode == 0, r.stderr[-2000:]
+    # the inspection commands take the spec file too (each a fresh process: only --embodiment registers it)
+    r = run_cli(["data", "info", str(my_arm), "--json"])
+    assert r.returncode == 0 and json.loads(r.stdout)["embodiment"] in (None, ""), r.stdout[-500:]
+    r = run_cli(["data", "info", str(my_arm), "--json", "--embodiment", str(out)])
+    assert r.returncode == 0 and json.loads(r.stdout)["embodiment"] == "my_arm", r.stderr[-2000:]
+    r = run_cli(["data", "validate", str(my_arm), "--embodiment", str(out)])
+    assert r.returncode == 0 and "OK: no problems" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run_cli(
+        ["data", "show", str(my_arm), "--episode", "0", "--frame", "1", "--json", "--embodiment", str(out)]
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
 
     spec = get_embodiment(out)  # registered under the name inside the file ...
     assert spec.name == "my_arm" and get_embodiment("my_arm") is spec and get_embodiment(str(out)) is spec

@@ -26,9 +26,19 @@ def _print_json(obj: object) -> None:
     print(json.dumps(obj, indent=None, allow_nan=False))
 
 
+def _register_spec(args: argparse.Namespace) -> None:
+    """``--embodiment NAME_OR_YAML``: a spec file (e.g. from ``vla embodiment draft``) of a robot_type no config
+    registers, made known for this command."""
+    if getattr(args, "embodiment", None):
+        from vla.embodiments import get_embodiment
+
+        get_embodiment(args.embodiment)
+
+
 def cmd_data_info(args: argparse.Namespace) -> int:
     from vla.data.inspect import dataset_info
 
+    _register_spec(args)
     info = dataset_info(args.path)
     if args.json:
         _print_json(info)
@@ -48,6 +58,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 def cmd_data_show(args: argparse.Namespace) -> int:
     from vla.data.inspect import format_frame, show_frame
 
+    _register_spec(args)
     out = show_frame(args.path, args.split, args.episode, args.frame)
     if args.json:
         _print_json(out)
@@ -59,11 +70,7 @@ def cmd_data_show(args: argparse.Namespace) -> int:
 def cmd_data_stats(args: argparse.Namespace) -> int:
     from vla.data.stats import compute_stats, write_stats
 
-    if args.embodiment:  # a spec file (e.g. drafted) for a robot_type no config registers
-        from vla.embodiments import get_embodiment
-
-        get_embodiment(args.embodiment)
-
+    _register_spec(args)
     if len(args.path) == 1:
         path = write_stats(args.path[0], out=args.out, max_episodes=args.max_episodes)
     else:  # one embodiment-wide set over several datasets (stats files cannot be merged exactly afterwards)
@@ -79,6 +86,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 def cmd_data_validate(args: argparse.Namespace) -> int:
     from vla.data.validate import validate_dataset
 
+    _register_spec(args)
     problems = validate_dataset(args.path, max_episodes=args.max_episodes)
     if args.json:
         _print_json([p.to_json() for p in problems])
@@ -364,6 +372,9 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
+SPEC_HELP = "robot spec (name or YAML, e.g. from `vla embodiment draft`) of a robot_type no config registers"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vla import __version__
 
@@ -376,11 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = data.add_parser("info", help="format, splits, episodes, frames, features, embodiment")
     s.add_argument("path")
+    s.add_argument("--embodiment", default=None, help=SPEC_HELP)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_data_info)
 
     s = data.add_parser("show", help="one step: raw fields as stored and the standardized frame")
     s.add_argument("path")
+    s.add_argument("--embodiment", default=None, help=SPEC_HELP)
     s.add_argument("--split", default=None)
     s.add_argument("--episode", type=int, required=True)
     s.add_argument("--frame", type=int, required=True)
@@ -395,13 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default=None, help="output JSON (default: <dataset>/meta/vla_stats.json or the cache)"
     )
     s.add_argument("--max-episodes", type=int, default=None)
-    s.add_argument(
-        "--embodiment", default=None, help="spec YAML of the dataset's robot_type when no config registers it"
-    )
+    s.add_argument("--embodiment", default=None, help=SPEC_HELP)
     s.set_defaults(fn=cmd_data_stats)
 
     s = data.add_parser("validate", help="report every problem in one pass (exit 1 if any)")
     s.add_argument("path")
+    s.add_argument("--embodiment", default=None, help=SPEC_HELP)
     s.add_argument("--max-episodes", type=int, default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_data_validate)
