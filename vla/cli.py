@@ -4,13 +4,16 @@
     vla data show PATH [--split S] --episode E --frame F --json
     vla data stats PATH [--out FILE]                    normalization stats (one streaming pass)
     vla data validate PATH                              every problem in one pass; exit 1 if any
-    vla data convert SRC DST --to lerobot               any readable dataset -> LeRobot v3.0
+    vla data convert SRC DST --to lerobot               any readable dataset -> LeRobot v3.0 (every split kept)
+    vla data merge SRC... --out DST                     join like datasets (e.g. generation shards)
     vla data preview PATH --episode E --out FILE.mp4|.gif
     vla train PRESET_OR_YAML --run-dir DIR [--set k=v]  train or resume (torchrun / accelerate launch for many)
     vla serve CKPT [--port 8000] [--api-key-file F]     serve a checkpoint to robots (openpi WebSocket + REST)
     vla demo                                            the end-to-end tour on embedded defaults
 
 Errors in user input print one line naming what, where and the fix (exit 2); ``VLA_DEBUG=1`` shows tracebacks.
+Commands that write a dataset or checkpoint refuse an existing destination unless given ``--overwrite``.
+``vla --version``; ``python -m vla`` is the same command.
 """
 
 from __future__ import annotations
