@@ -320,6 +320,33 @@ def test_rest_act_json_numpy_and_lists(server: Server, policy: Policy) -> None:
     assert _metrics(server)['vla_serve_requests_total{embodiment="widowx_bridge",transport="rest"}'] >= 2
 
 
+def test_async_client_concurrent_requests(server: Server, policy: Policy) -> None:
+    import asyncio
+
+    from vla.serving.client import AsyncWebsocketClient
+
+    reqs = [{**observation(20 + i), "seed": i} for i in range(3)]
+
+    async def run() -> list[dict[str, Any]]:
+        async with (
+            AsyncWebsocketClient(server.url, api_key=API_KEY) as a,
+            AsyncWebsocketClient(server.url, api_key=API_KEY) as b,
+        ):
+            assert a.metadata["protocol_version"] == 1
+            both = await asyncio.gather(a.infer(reqs[0]), b.infer(reqs[1]))
+            return [*both, await a.infer(reqs[2])]
+
+    async def refused() -> None:
+        async with AsyncWebsocketClient(server.url, api_key="wrong-key-0123456789", connect_timeout=5):
+            pass
+
+    outs = asyncio.run(run())
+    for out, req in zip(outs, reqs):
+        np.testing.assert_allclose(out["actions"], reference(policy, req, seed=req["seed"]), atol=TOL)
+    with pytest.raises(InvalidStatus):
+        asyncio.run(refused())
+
+
 def test_served_sim_episode_through_client_and_broker(server: Server) -> None:
     import vla.sim
 

@@ -92,7 +92,7 @@ def select_mode(
     batch_sizes = sorted(set(batch_sizes))
     if len(modes) == 1:
         _prepare(policy, modes[0])
-        _time(policy, batch_sizes, repeats=1)
+        _time(policy, batch_sizes, repeats=0)  # warm-up only (compiles when compiling)
         return modes[0], []
     probe = synthetic_observations(policy, max(batch_sizes))
     seeds = list(range(len(probe)))
@@ -120,7 +120,7 @@ def select_mode(
     best = min(accepted, key=lambda t: statistics.fmean(t.seconds_per_chunk.values()))
     _prepare(policy, best.mode)
     if best.mode.compile:
-        _time(policy, batch_sizes, repeats=1)  # compile the kept graphs before the first request
+        _time(policy, batch_sizes, repeats=0)  # compile the kept graphs before the first request
     return best.mode, trials
 
 
@@ -129,7 +129,8 @@ def _prepare(policy: Policy, mode: Mode) -> None:
 
 
 def _time(policy: Policy, batch_sizes: list[int], *, repeats: int) -> dict[int, float]:
-    """Median seconds per chunk at each batch size (after one warm-up call, which compiles when compiling)."""
+    """Median seconds per chunk at each batch size (after one warm-up call, which compiles when compiling);
+    ``repeats=0`` only warms up."""
     out = {}
     for b in batch_sizes:
         obs = synthetic_observations(policy, b, seed=b)
@@ -139,5 +140,6 @@ def _time(policy: Policy, batch_sizes: list[int], *, repeats: int) -> dict[int, 
             start = time.perf_counter()
             policy.infer_batch(obs, seeds=list(range(b)))
             times.append(time.perf_counter() - start)
-        out[b] = statistics.median(times) / b
+        if times:
+            out[b] = statistics.median(times) / b
     return out

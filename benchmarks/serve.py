@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Serving benchmark: protocol overhead and micro-batching throughput of ``vla serve`` (one JSON line).
+
+Model: the ``bench_smolvla`` config (``benchmarks/model.py``'s: SmolVLM-family backbone at 224 px, expert 0.75x8,
+state 8, action 7, chunk 50, 10 flow steps), random init with synthetic stats, saved as a checkpoint folder.
+Each request carries two 224x224 cameras, an 8-d state and a prompt.
+
+* ``latency``: one client, requests back to back against ``vla serve`` (a subprocess on this machine): end-to-end
+  p50/p99 from the client, the server's own ``infer_ms`` per request, and the protocol overhead per request
+  (end-to-end minus the server's forward pass: msgpack, WebSocket, validation, preprocessing, queueing), next to
+  ``Policy.infer`` timed in process (same checkpoint, same mode).
+* ``throughput``: chunks/s with 1, 4 and 8 concurrent clients (each sends its next request when it has its answer)
+  against a micro-batching server (``--max-batch 8``) and a one-at-a-time server (``--max-batch 1``, what openpi
+  ships); ``speedup_8_clients`` is their ratio.
+
+LeRobot's async-inference gRPC policy server is not run here (it needs the peer venv, ``../shared/peer``, plus its
+``grpcio`` extras); ``peer_lerobot`` says so.
+
+    .venv/bin/python benchmarks/serve.py [--requests 12] [--seconds 8] [--dtype float32] [--compile] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from harness import REPO, emit
+from model import BENCH_SPEC, TASKS
+
+IMAGE = 224
+
+
+def progress(message: str) -> None:
+    print(f"[serve bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except OSError:
+        return "unknown"
+    return next(
+        (ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "unknown"
+    )
+
+
+def write_checkpoint(out: Path) -> Path:
+    """The bench_smolvla model for BENCH_SPEC with stats of uniform [-1, 1] data, as a checkpoint folder."""
+    import numpy as np
+    import torch
+
+    from vla.data.norm_stats import NormStats, StatsFile
+    from vla.embodiments import EmbodimentSpec
+    from vla.models.config import load_model_config
+    from vla.models.hub import save_pretrained
+    from vla.models.policies.flow_vla import FlowVLA
+
+    torch.manual_seed(0)
+    spec = EmbodimentSpec.from_dict(BENCH_SPEC)
+    model = FlowVLA(load_model_config("bench_smolvla"), [spec])
+    rng = np.random.default_rng(0)
+
+    def stats(dim: int) -> NormStats:
+        x = rng.uniform(-1, 1, (1000, dim))
+        return NormStats(mean=x.mean(0), std=x.std(0), min=x.min(0), max=x.max(0),
+                         q01=np.quantile(x, 0.01, 0), q99=np.quantile(x, 0.99, 0), count=len(x))  # fmt: skip
+
+    model.norm_stats = StatsFile(
+        stats={spec.name: {"state": stats(spec.state_dim), "action": stats(spec.action_dim)}}
+    )
+    return Path(save_pretrained(model, out))
+
+
+def request(i: int) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(i)
+    return {
+        "images": {s: rng.integers(0, 256, (IMAGE, IMAGE, 3), dtype=np.uint8) for s in ("primary", "wrist")},
+        "state": rng.uniform(-1, 1, 8).astype(np.float32),
+        "prompt": TASKS[i % len(TASKS)],
+        "embodiment": BENCH_SPEC["name"],
+        "seed": i,
+    }
+
+
+def in_process(ckpt: Path, dtype: str, compile: bool, n: int) -> dict:
+    from vla.policy import Policy
+    from vla.types import Observation
+
+    policy = Policy.from_checkpoint(ckpt, dtype=dtype, compile=compile)
+    times = []
+    for i in range(n + 2):
+        r = request(i)
+        obs = Observation(r["images"], r["state"], r["prompt"], r["embodiment"])
+        t0 = time.perf_counter()
+        policy.infer(obs, seed=i)
+        if i >= 2:  # two warm-up calls
+            times.append((time.perf_counter() - t0) * 1000)
+        progress(f"in process {i}: {(time.perf_counter() - t0) * 1000:.0f} ms")
+    return percentiles(times)
+
+
+def percentiles(xs: list[float]) -> dict:
+    s = sorted(xs)
+    q = statistics.quantiles(s, n=100, method="inclusive") if len(s) > 1 else [s[0]] * 99
+    return {"n": len(s), "p50_ms": q[49], "p99_ms": q[98], "mean_ms": statistics.fmean(s)}
+
+
+class Server:
+    def __init__(self, ckpt: Path, max_batch: int, dtype: str, compile: bool) -> None:
+        cmd = [sys.executable, "-m", "vla.cli", "serve", str(ckpt), "--port", "0", "--max-batch", str(max_batch),
+               "--dtype", dtype, "--compile" if compile else "--no-compile"]  # fmt: skip
+        self.log = Path(tempfile.mkdtemp()) / "serve.log"
+        with open(self.log, "w") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
+        line = self.proc.stdout.readline()
+        if "ready at" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"vla serve did not start: {line!r}\n{self.log.read_text()[-3000:]}")
+        self.url = line.split("ready at ")[1].split()[0]
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(60)
+
+
+def latency(url: str, n: int) -> dict:
+    from vla.serving.client import WebsocketClient
+
+    e2e, infer, overhead = [], [], []
+    with WebsocketClient(url, timeout=300) as client:
+        for i in range(n + 2):
+            r = request(i)
+            t0 = time.perf_counter()
+            out = client.infer(r)
+            ms = (time.perf_counter() - t0) * 1000
+            if i >= 2:
+                e2e.append(ms)
+                infer.append(out["server_timing"]["infer_ms"])
+                overhead.append(ms - out["server_timing"]["infer_ms"])
+    return {
+        "end_to_end": percentiles(e2e),
+        "server_infer": percentiles(infer),
+        "overhead": percentiles(overhead),
+    }
+
+
+def throughput(url: str, clients: int, seconds: float) -> dict:
+    from vla.serving.client import WebsocketClient
+
+    counts = [0] * clients
+    failures: list[str] = []
+    batch_sizes: list[int] = []
+    start_barrier = threading.Barrier(clients + 1)
+    stop = threading.Event()
+
+    def run(c: int) -> None:
+        try:
+            with WebsocketClient(url, timeout=600) as client:
+                client.infer(request(1000 + c))  # warm
+                start_barrier.wait()
+                i = 0
+                while not stop.is_set():
+                    out = client.infer(request(c * 100_000 + i))
+                    if not stop.is_set():
+                        counts[c] += 1
+                        batch_sizes.append(out["server_timing"]["batch_size"])
+                    i += 1
+        except Exception as e:
+            failures.append(repr(e))
+            if start_barrier.n_waiting:
+                start_barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start_barrier.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    elapsed = time.perf_counter() - t0
+    for t in threads:
+        t.join()
+    return {
+        "clients": clients,
+        "chunks": sum(counts),
+        "seconds": elapsed,
+        "chunks_per_s": sum(counts) / elapsed,
+        "mean_batch_size": statistics.fmean(batch_sizes) if batch_sizes else None,
+        "failures": failures,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=12, help="latency: sequential requests measured")
+    ap.add_argument("--seconds", type=float, default=8.0, help="throughput: measuring time per client count")
+    ap.add_argument("--clients", default="1,4,8")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_checkpoint(Path(tmp) / "bench_smolvla")
+        progress("checkpoint written; timing Policy.infer in process")
+        result: dict = {
+            "benchmark": "serve",
+            "started": started,
+            "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "config": {
+                "model": "bench_smolvla",
+                "cameras": f"2 x {IMAGE}x{IMAGE}",
+                "state": 8,
+                "action": 7,
+                "chunk": 50,
+                "flow_steps": 10,
+                "dtype": args.dtype,
+                "compile": args.compile,
+            },
+            "in_process": in_process(ckpt, args.dtype, args.compile, args.requests),
+        }
+        clients = [int(c) for c in args.clients.split(",")]
+        for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
+            server = Server(ckpt, max_batch, args.dtype, args.compile)
+            try:
+                if name == "micro_batched":
+                    result["latency"] = latency(server.url, args.requests)
+                result.setdefault("throughput", {})[name] = [
+                    throughput(server.url, c, args.seconds) for c in clients
+                ]
+            finally:
+                result.setdefault("server_exit_codes", {})[name] = server.stop()
+    lat = result["latency"]
+    result["protocol_overhead_ms"] = {
+        "p50": lat["overhead"]["p50_ms"],
+        "p99": lat["overhead"]["p99_ms"],
+        "end_to_end_minus_in_process_p50": lat["end_to_end"]["p50_ms"] - result["in_process"]["p50_ms"],
+        "target_p99": 5.0,
+    }
+    by = {n: {t["clients"]: t["chunks_per_s"] for t in ts} for n, ts in result["throughput"].items()}
+    if 8 in by["micro_batched"]:
+        result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
+    result["peer_lerobot"] = {
+        "skipped": "LeRobot 0.6.1's async-inference gRPC policy server is not run by this script (needs the peer "
+        "venv with its grpc extras)"
+    }
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
