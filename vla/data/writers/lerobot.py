@@ -162,8 +162,11 @@ class LeRobotWriter:
         self._buffer.append({k: self._check(k, np.array(v), (), f"frame {len(self._buffer)}") if k != "task" else str(v)
                              for k, v in frame.items()})  # fmt: skip
 
-    def save_episode(self, task: str | None = None, metadata: dict[str, Any] | None = None) -> int:
-        """Commit the buffered frames as one episode; ``task`` applies to frames without their own. Returns its index."""
+    def save_episode(
+        self, task: str | None = None, metadata: dict[str, Any] | None = None, *, split: str = "train"
+    ) -> int:
+        """Commit the buffered frames as one episode of ``split``; ``task`` applies to frames without their own.
+        Returns its index."""
         if not self._buffer:
             raise ValueError("save_episode() with no frames; call add_frame() first")
         tasks = [f.get("task", task) for f in self._buffer]
@@ -172,7 +175,9 @@ class LeRobotWriter:
                 "every frame needs a task: pass save_episode(task=...) or a 'task' key in add_frame()"
             )
         arrays = {k: np.stack([f[k] for f in self._buffer]) for k in self._buffer[0] if k != "task"}
-        index = self._write_episode(self._encode_frames(arrays), [str(t) for t in tasks], metadata or {})
+        index = self._write_episode(
+            self._encode_frames(arrays), [str(t) for t in tasks], metadata or {}, split
+        )
         self._buffer = []
         return index
 
