@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -247,6 +248,20 @@ def test_every_malformed_request_gets_its_error_while_others_are_served(
                 with pytest.raises(ConnectionClosed) as closed:
                     ws.recv(timeout=30)
                 assert closed.value.rcvd.code == 1011, name
+        # A client that never reads and one that leaves with its request in flight block no one.
+        with websockets.sync.client.connect(server.url, additional_headers=AUTH, compression=None) as silent:
+            silent.send(pack({**good, "seed": 2}))
+            with websockets.sync.client.connect(
+                server.url, additional_headers=AUTH, compression=None
+            ) as gone:
+                gone.send(pack({**good, "seed": 3}))
+            before = len(answers)
+            deadline = time.monotonic() + 120
+            while len(answers) < before + 2 and time.monotonic() < deadline and not failures:
+                time.sleep(0.01)
+            assert len(answers) >= before + 2, (
+                "the well-behaved client stalled behind a silent or departed one"
+            )
         for headers in (None, {"Authorization": "Api-Key wrong-key-0123456789"}, {"Authorization": API_KEY}):
             with pytest.raises(InvalidStatus) as refused:
                 websockets.sync.client.connect(server.url, additional_headers=headers)

@@ -321,8 +321,9 @@ def run_server(serving: ServingApp, *, on_ready: Any = None) -> int:
         host=opts.host,
         port=opts.port,
         ws="websockets-sansio",
-        ws_max_size=2
-        * opts.limits.max_frame_bytes,  # the app refuses > max_frame_bytes with a text error first
+        # Frames up to twice the limit reach the app, which refuses them with a text error and 1011; larger ones
+        # are cut off by the protocol layer as they arrive (close 1009, "message too big"), bounding memory.
+        ws_max_size=2 * opts.limits.max_frame_bytes,
         ws_per_message_deflate=False,  # openpi's client sends uncompressed frames
         ws_ping_interval=None,
         log_level="warning",
