@@ -67,7 +67,7 @@ def test_sysid_recovers_known_parameters() -> None:
     WidowX: its damping is in the servos) is reported as not identifiable."""
     truth = SimParams(kp=0.7, armature=1.6, latency=1)
     logs = synthesize_logs("widowx", "reach", truth, seeds=[0, 1], max_steps=40)
-    res = fit(logs, ["kp", "armature", "latency", "damping"], max_evals=160)
+    res = fit(logs, ["kp", "armature", "latency", "damping"], max_evals=120)
     p = res["params"]
     assert p["kp"] == pytest.approx(0.7, rel=0.05), p
     assert p["armature"] == pytest.approx(1.6, rel=0.10), p
@@ -79,7 +79,7 @@ def test_sysid_recovers_known_parameters() -> None:
 def test_sysid_cli_writes_a_usable_preset(known_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "fit.yaml"
     assert main(["eval", "sysid", str(known_dataset), "--embodiment", "widowx", "--params", "kp,latency",
-                 "--max-evals", "60", "--out", str(out)]) == 0  # fmt: skip
+                 "--max-evals", "40", "--out", str(out)]) == 0  # fmt: skip
     res = json.loads(out.with_suffix(".json").read_text())
     assert res["params"]["latency"] == 1 and res["params"]["kp"] == pytest.approx(0.8, rel=0.05), res
     assert res["error_after"] < 0.1 * res["error_before"]
