@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -269,6 +270,33 @@ def test_ema_validation_and_wandb_offline(tmp_path: Path, monkeypatch: pytest.Mo
     }
     trainable = [k for k in raw if k in top]
     assert trainable and any(not torch.equal(top[k], raw[k]) for k in trainable)  # EMA != raw weights
+
+
+def test_held_out_episodes_are_the_validation_set(tmp_path: Path) -> None:
+    """``data.val_episodes=1``: a dataset with only a train split loses its last episode to validation; training
+    never sees it, validation sees nothing else."""
+    from vla.config import DataConfig
+    from vla.data.loader import build_loader
+
+    ds = tiny_dataset(tmp_path, "wx_holdout")  # 4 episodes, train split only
+    cfg = DataConfig(datasets=(str(ds),), batch_size=8, image_size=32, shuffle=False, val_episodes=1)
+    trained = {e for batch in build_loader(cfg) for e in batch.meta["episode"]}
+    val_cfg = dataclasses.replace(cfg, batch_size=2)  # 26 frames = 13 full batches
+    held = [e for batch in build_loader(val_cfg, held_out=True, train=False) for e in batch.meta["episode"]]
+    assert trained == {0, 1, 2} and held == [3] * 26  # episode 3 (26 frames), every frame once
+    with pytest.raises(ValueError, match="val_episodes=4 would hold out every episode"):
+        build_loader(DataConfig(datasets=(str(ds),), val_episodes=4))
+
+    run = tmp_path / "run"
+    train(
+        load_train_config(
+            "debug", _args(ds, "data.val_episodes=1", "train.val_every=2", "train.val_batches=1")
+        ),
+        run,
+    )
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    vals = [e for e in events if e.get("event") == "validation"]
+    assert [v["step"] for v in vals] == [2, 4] and all(v["val_loss/widowx_bridge"] > 0 for v in vals)
 
 
 @pytest.mark.parametrize(

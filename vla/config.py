@@ -111,6 +111,7 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     on_bad_sample: str = "raise"
+    val_episodes: int = 0  # the last N episodes of each dataset's split: held out of training, validated on
     normalize: bool = True
     stats_path: str | None = None
 
@@ -126,6 +127,10 @@ class DataConfig:
         _require(
             self.sim_fraction is None or bool(self.mixture),
             "data.sim_fraction needs data.mixture (it splits a mixture's entries by kind: sim vs real)",
+        )
+        _require(
+            self.val_episodes >= 0,
+            f"data.val_episodes must be >= 0 (0 = none held out), got {self.val_episodes}",
         )
         _require(self.obs_history >= 1, f"data.obs_history must be >= 1, got {self.obs_history}")
         _require(

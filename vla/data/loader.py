@@ -9,6 +9,7 @@ batches the original would have.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -333,6 +334,22 @@ def _stats_keys(stats: StatsFile, sources: Sequence[Source], per_dataset: bool) 
     }
 
 
+def _split_source(path: str | Path, split: str, opts: Any, val_episodes: int, held_out: bool) -> Source:
+    """``build_source`` of one dataset split, without its last ``val_episodes`` episodes (``held_out``: only
+    them). Episodes are dropped by zeroing their kept-frame counts, so sample indices never reach them."""
+    src = build_source(open_dataset(path), split, options=opts)
+    if not val_episodes and not held_out:
+        return src
+    n = len(src.lengths)
+    if val_episodes >= n:
+        raise ValueError(
+            f"{src.reader.path}: data.val_episodes={val_episodes} would hold out every episode of split "
+            f"{split!r} ({n}); lower it (at most {n - 1})"
+        )
+    keep = np.arange(n) >= n - val_episodes if held_out else np.arange(n) < n - val_episodes
+    return dataclasses.replace(src, lengths=np.where(keep, src.lengths, 0))
+
+
 def _rehearsal_loader(
     cfg: DataConfig,
     rehearsal: Any,
@@ -341,6 +358,7 @@ def _rehearsal_loader(
     world_size: int | None,
     embodiment_ids: dict[str, int] | None,
     train: bool,
+    held_out: bool,
 ) -> VLALoader:
     """``build_loader`` with a rehearsal mixture (see there)."""
     from vla.data.mixture import ResolvedDataset, resolve_mixture, with_rehearsal
@@ -354,9 +372,12 @@ def _rehearsal_loader(
         )
     rank, world_size = _rank_world(rank, world_size)
     opts = standardize_options(cfg)
-    new = [build_source(open_dataset(p), cfg.split, options=opts) for p in cfg.datasets]
+    new = [_split_source(p, cfg.split, opts, cfg.val_episodes, held_out) for p in cfg.datasets]
     old_mix = resolve_mixture(rehearsal.mixture, rehearsal.data_root or cfg.data_root)
-    old = [build_source(open_dataset(d.path), d.split or cfg.split, options=opts) for d in old_mix.datasets]
+    old = [
+        _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out)
+        for d in old_mix.datasets
+    ]
     sources = [*new, *old]
     for src in sources:
         if src.num_samples == 0:
@@ -459,6 +480,7 @@ def build_loader(
     rehearsal: Any = None,
     base_stats: StatsFile | None = None,
     base_stats_keys: dict[str, dict[str, str]] | None = None,
+    held_out: bool = False,
 ) -> VLALoader:
     """The loader a ``DataConfig`` describes: datasets or a resolved mixture, normalized with their stats.
 
@@ -471,10 +493,13 @@ def build_loader(
     ``data.datasets``; they are normalized with ``base_stats`` (the base checkpoint's stats) under the keys
     ``base_stats_keys`` (its ``preprocessing.json`` ``stats_keys``) says pretraining used, while the fine-tuning
     datasets use their own.
+
+    ``data.val_episodes=N`` holds the last N episodes of each dataset's split out of this loader; ``held_out``
+    builds the loader of only those episodes instead (the validation set).
     """
     if rehearsal is not None and getattr(rehearsal, "mixture", None):
         base = (base_stats, base_stats_keys or {})
-        return _rehearsal_loader(cfg, rehearsal, base, rank, world_size, embodiment_ids, train)
+        return _rehearsal_loader(cfg, rehearsal, base, rank, world_size, embodiment_ids, train, held_out)
     rank, world_size = _rank_world(rank, world_size)
     from vla.data.normalize import make_normalize_fn
     from vla.embodiments import get_embodiment
@@ -490,7 +515,8 @@ def build_loader(
         if resolved.message:
             log.warning("%s", resolved.message)
         sources = [
-            build_source(open_dataset(d.path), d.split or cfg.split, options=opts) for d in resolved.datasets
+            _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out)
+            for d in resolved.datasets
         ]
         stream = resolved.sampler(
             [s.num_samples for s in sources],
@@ -500,7 +526,7 @@ def build_loader(
             world_size=world_size,
         )
     else:
-        sources = [build_source(open_dataset(p), cfg.split, options=opts) for p in cfg.datasets]
+        sources = [_split_source(p, cfg.split, opts, cfg.val_episodes, held_out) for p in cfg.datasets]
     for src in sources:
         if src.num_samples == 0:
             raise ValueError(

@@ -46,7 +46,8 @@ class LoopConfig:
     """The loop: ``steps`` optimizer steps in total, a checkpoint every ``save_every`` steps (and at the end), the
     newest ``keep_last`` kept, ``grad_accum`` micro-batches per step, ``precision`` of the forward/backward
     (``bf16`` = bf16 autocast, weights and optimizer state stay float32), gradient-norm clipping (0 = off),
-    validation loss on ``val_split`` every ``val_every`` steps (0 = off) over ``val_batches`` batches, and with
+    validation loss every ``val_every`` steps (0 = off) over ``val_batches`` batches of ``val_split`` (or, with
+    ``data.val_episodes=N``, of the episodes held out of training), and with
     ``val_at_start`` once before the first step of a fresh run (the baseline a fine-tuning curve starts from)."""
 
     steps: int = 1000
@@ -242,6 +243,7 @@ INCOMPATIBLE = (
     "data.shuffle",
     "data.normalize",
     "data.stats_path",
+    "data.val_episodes",
     "train.seed",
     "train.grad_accum",
     "optim.betas",

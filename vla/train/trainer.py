@@ -268,8 +268,12 @@ class Trainer:
             return None
         from vla.config import AugmentConfig
 
+        held_out = self.cfg.data.val_episodes > 0  # the held-out episodes, else the val_split
         data = dataclasses.replace(
-            self.cfg.data, split=tc.val_split, shuffle=False, augment=AugmentConfig(enabled=False)
+            self.cfg.data,
+            split=self.cfg.data.split if held_out else tc.val_split,
+            shuffle=False,
+            augment=AugmentConfig(enabled=False),
         )
         try:
             return build_loader(
@@ -278,11 +282,18 @@ class Trainer:
                 world_size=self.rt.world_size,
                 train=False,
                 embodiment_ids=self.model.embodiment_ids,
+                held_out=held_out,
                 **self._rehearsal(),
             )
         except ValueError as e:
+            if held_out:
+                raise
             if self.rt.is_main:
-                log.warning("validation off: no usable %r split (%s)", tc.val_split, e)
+                log.warning(
+                    "validation off: no usable %r split (%s); data.val_episodes=N holds out episodes instead",
+                    tc.val_split,
+                    e,
+                )
             return None
 
     def _batches(self):
