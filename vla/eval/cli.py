@@ -16,7 +16,7 @@ def _sim_args(s: argparse.ArgumentParser) -> None:
         "--embodiment", required=True, help="sim robot: panda, widowx, ur5e, kinova_gen3, aloha, ..."
     )
     s.add_argument("--task", required=True, help="reach, pick_place, push, stack or drawer")
-    s.add_argument("--episodes", type=int, default=50)
+    s.add_argument("--episodes", type=int, default=50, help="episodes (per cell for a sweep)")
     s.add_argument("--workers", type=int, default=1, help="spawned worker processes (one env + policy each)")
     s.add_argument(
         "--seed", type=int, default=0, help="episode i starts from seed (seed, i): same for all policies"
@@ -27,7 +27,9 @@ def _sim_args(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--via-server", default=None, metavar="URL", help="evaluate the policy a `vla serve` serves"
     )
-    s.add_argument("--device", default="cpu")
+    s.add_argument(
+        "--device", default="cpu", help="torch device of an in-process checkpoint (cpu, cuda, cuda:1)"
+    )
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.add_argument("--num-steps", type=int, default=None, help="flow steps (default: the checkpoint's)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -185,7 +187,9 @@ def add_eval_parser(sub: Any) -> None:
     s.add_argument("--axes", default="dynamics,perception,actuation,system")
     s.add_argument("--levels", default="0,1,2,3", help="0=none 1=low 2=medium 3=high")
     s.add_argument("--no-reality-proxy", action="store_true", help="skip the held-out reality_proxy column")
-    s.add_argument("--video-every", type=int, default=0)
+    s.add_argument(
+        "--video-every", type=int, default=0, help="record every K-th episode of each cell; 0 = none"
+    )
     s.set_defaults(fn=cmd_eval_sweep)
 
     s = ev.add_parser("gap", help="sim-vs-reference agreement over policies: Pearson r, MMRV, Kendall tau")
