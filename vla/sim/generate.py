@@ -263,7 +263,13 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
         else (produce_episode(cfg, i) for i in todo)
     )
     writer = None
-    bar = tqdm(total=len(todo), desc=f"{cfg.embodiment}/{cfg.task}", disable=not progress_bar, unit="ep")
+    # on a terminal only (tqdm checks stderr) unless progress_bar=False
+    bar = tqdm(
+        total=len(todo),
+        desc=f"{cfg.embodiment}/{cfg.task}",
+        disable=None if progress_bar else True,
+        unit="ep",
+    )
     try:
         for res in results:
             if "episode" in res:
