@@ -353,3 +353,20 @@ def test_merge_of_datasets_with_png_images_keeps_the_frames(
     np.testing.assert_array_equal(
         merged.read_images("train", 2, frames, [key])[key], src.read_images("train", 0, frames, [key])[key]
     )
+
+
+def test_stats_coverage_accepts_per_dataset_keys(widowx: Path) -> None:
+    """A checkpoint keyed as training keyed its stats (``<embodiment>@<dataset>`` only) covers that embodiment."""
+    from vla.data.normalize import StatsFile
+    from vla.data.stats import compute_stats
+    from vla.models.hub import stats_coverage
+
+    full = compute_stats(widowx, progress=False)
+    per_dataset = StatsFile(stats={k: v for k, v in full.stats.items() if "@" in k})
+    assert list(per_dataset.stats) == ["widowx_bridge@widowx"]
+    assert stats_coverage(per_dataset, ["widowx_bridge", "sim_ur5e"]) == {
+        "widowx_bridge": True,
+        "sim_ur5e": False,
+    }
+    half = StatsFile(stats={"widowx_bridge": {"state": full.stats["widowx_bridge"]["state"]}})
+    assert stats_coverage(half, ["widowx_bridge"]) == {"widowx_bridge": False}  # action stats missing

@@ -225,9 +225,15 @@ def load_norm_stats(root: Path) -> StatsFile | None:
 
 
 def stats_coverage(stats: StatsFile | None, embodiments: list[str]) -> dict[str, bool]:
-    """Per embodiment: whether ``stats`` holds both its state and action stats (what the Policy normalizes with)."""
+    """Per embodiment: whether ``stats`` holds both its state and action stats, under its own key or one of its
+    per-dataset keys ``"<embodiment>@<dataset>"`` (what ``vla.policy.Policy`` can normalize with)."""
     have = stats.stats if stats is not None else {}
-    return {name: all(f in have.get(name, {}) for f in ("state", "action")) for name in embodiments}
+
+    def covered(name: str) -> bool:
+        keys = [k for k in have if k == name or k.startswith(f"{name}@")]
+        return any(all(f in have[k] for f in ("state", "action")) for k in keys)
+
+    return {name: covered(name) for name in embodiments}
 
 
 def stats_summary(stats: StatsFile | None, embodiments: list[str]) -> str:
