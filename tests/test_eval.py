@@ -198,6 +198,45 @@ def test_checkpoint_through_the_policy_is_deterministic(tiny_checkpoint: Path, t
     assert np.abs(np.asarray(a["episodes_detail"][0]["final_state"]) - home["state"]).max() > 1e-3
 
 
+def test_observation_history_reaches_the_model(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """A checkpoint trained with 3 frames of history gets the last 3 control steps' frames (oldest first)."""
+    import shutil
+
+    from vla.eval.policies import CheckpointPolicy
+    from vla.sim.env import make
+
+    ckpt = Path(shutil.copytree(tiny_checkpoint, tmp_path / "hist"))
+    (ckpt / "preprocessing.json").write_text(json.dumps({"obs_history": 3}))
+    policy = CheckpointPolicy(ckpt, "sim_widowx", execute_steps=1)
+    assert policy.history == 3
+    env = make("widowx", "reach", image_size=32)
+    obs, _ = env.reset(seed=0)
+    policy.reset(env, 0)
+    policy.observe(obs)
+    assert policy.observation(obs, env).images["primary"].shape == (1, 32, 32, 3)
+    seen = [obs["images"]["primary"].copy()]
+    for step in range(3):
+        obs, *_ = env.step(policy.act(obs, env, step)[0])
+        policy.observe(obs)
+        seen.append(obs["images"]["primary"].copy())
+    images = policy.observation(obs, env).images
+    assert images["primary"].shape == (3, 32, 32, 3) and set(images) == {"primary", "wrist"}
+    assert np.array_equal(images["primary"], np.stack(seen[-3:]))
+    assert not np.array_equal(seen[-1], seen[-2])  # consecutive frames differ: the arm moved
+    policy.reset(env, 1)  # a new episode starts a new history
+    policy.observe(obs)
+    assert policy.observation(obs, env).images["primary"].shape == (1, 32, 32, 3)
+    # the rollout shows the policy every step's frames (not only those where it is asked for a chunk)
+    from vla.eval import rollout
+
+    cfg = EvalConfig(policy=str(ckpt), embodiment="widowx", task="reach", episodes=1, image_size=32, max_steps=4,
+                     execute_steps=4, out=str(tmp_path / "run"))  # fmt: skip
+    res = evaluate(cfg, progress_bar=False)
+    assert res["episodes_detail"][0]["policy_calls"] == 1
+    in_worker = rollout._CONTEXT[2]  # this process's policy (workers=1)
+    assert len(in_worker._frames["primary"]) == 3 and in_worker.history == 3
+
+
 def test_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["eval", "sim", str(tmp_path / "nope"), "--embodiment", "widowx", "--task", "reach", "--out",
                str(tmp_path / "o"), "--no-progress"])  # fmt: skip

@@ -9,6 +9,7 @@ checkpoint answers the first ``execute_steps`` of its ``H``-step chunk (receding
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,7 +67,11 @@ class RandomPolicy:
 
 
 class _ChunkPolicy:
-    """Shared by checkpoint and server policies: builds the ``Observation`` and keeps ``execute_steps``."""
+    """Shared by checkpoint and server policies: builds the ``Observation`` and keeps ``execute_steps``.
+
+    A model trained with an observation history of ``T`` frames gets the last ``T`` frames of every camera (one per
+    control step, oldest first; fewer at the episode start, which ``Policy`` pads like the loader), so the rollout
+    shows it every frame through ``observe``, not only those at which it is asked for a chunk."""
 
     needs_images = True
 
@@ -75,16 +80,29 @@ class _ChunkPolicy:
             raise ValueError(f"--execute-steps must be >= 1, got {execute_steps}")
         self.name = name
         self.execute_steps = execute_steps
+        self.history = 1  # frames per camera the model takes (its obs_history)
+        self._frames: dict[str, deque[np.ndarray]] = {}
         self._episode_seed = 0
         self.clamped = 0  # action values clamped to the spec's limits, summed over the run
 
     def reset(self, env: Any, episode_seed: int) -> None:
         self._episode_seed = int(episode_seed)
+        self._frames = {}
+
+    def observe(self, obs: dict[str, Any]) -> None:
+        """Record this control step's frames (called by the rollout at every step)."""
+        if self.history <= 1:
+            return
+        for slot, img in obs["images"].items():  # copies: a renderer may reuse its buffer
+            self._frames.setdefault(slot, deque(maxlen=self.history)).append(np.array(img))
 
     def observation(self, obs: dict[str, Any], env: Any) -> Any:
         from vla.types import Observation
 
-        return Observation(images=obs["images"], state=obs["state"], prompt=env.instruction,
+        images = obs["images"]
+        if self.history > 1 and self._frames:
+            images = {slot: np.stack(list(frames)) for slot, frames in self._frames.items()}  # [T', h, w, 3]
+        return Observation(images=images, state=obs["state"], prompt=env.instruction,
                            embodiment=env.embodiment_spec.name)  # fmt: skip
 
     def _keep(self, actions: np.ndarray) -> np.ndarray:
@@ -101,6 +119,7 @@ class CheckpointPolicy(_ChunkPolicy):
 
         super().__init__(str(path), execute_steps)
         self.policy = Policy.from_checkpoint(path, device=device, dtype=dtype, num_steps=num_steps)
+        self.history = int(self.policy.metadata()["obs_history"])
         if embodiment not in self.policy.embodiments:
             raise ValueError(
                 f"checkpoint {path} does not serve embodiment {embodiment!r} (it serves {self.policy.embodiments}); "

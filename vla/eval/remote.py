@@ -22,10 +22,11 @@ class ServerPolicy(_ChunkPolicy):
 
         super().__init__(name, execute_steps)
         self.client = WebsocketClient(url, api_key=api_key)
+        self.history = int(self.client.metadata.get("obs_history", 1))
 
     def act(self, obs: dict[str, Any], env: Any, step: int) -> np.ndarray:
         request = {
-            "images": obs["images"],
+            "images": self.observation(obs, env).images,
             "state": np.asarray(obs["state"], np.float32),
             "prompt": env.instruction,
             "embodiment": env.embodiment_spec.name,

@@ -98,6 +98,9 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
     seed = episode_seed(cfg.seed, index)
     obs, info = env.reset(seed=seed)
     policy.reset(env, seed)
+    observe = getattr(policy, "observe", None)  # policies with an observation history see every frame
+    if observe is not None:
+        observe(obs)
     frames = [obs["images"]["primary"]] if record else []
     queue: list[np.ndarray] = []
     policy_s = sim_s = 0.0
@@ -112,6 +115,8 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         obs, _, terminated, truncated, step_info = env.step(queue.pop(0))
         sim_s += time.perf_counter() - t0
         steps += 1
+        if observe is not None:
+            observe(obs)
         if record:
             frames.append(obs["images"]["primary"])
         if terminated or truncated:
