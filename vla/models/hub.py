@@ -300,9 +300,10 @@ Normalization statistics: {stats_summary(model.norm_stats, [s.name for s in mode
 ## Use
 
 ```python
-from vla.models.hub import from_pretrained
-model = from_pretrained("path/to/this/folder")
-actions = model.sample_actions(batch)  # batch: vla.types.Batch with images, state, prompt, embodiment_id
+from vla.policy import Policy
+
+policy = Policy.from_checkpoint("path/to/this/folder")  # this checkpoint's own preprocessing and stats
+chunk = policy.infer(observation)  # vla.types.Observation -> chunk.actions [H, A] in the robot's units
 ```
 """
 
