@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +290,13 @@ def test_micro_batcher_batches_concurrent_requests_and_isolates_a_failing_one() 
 
     results = asyncio.run(submit_all())
     assert calls == [4] and all(r.batch_size == 4 for r in results)
+    # When no other client can send (expect_more() is False), a lone request does not wait out the window.
+    lone = MicroBatcher(infer_batch, max_batch=8, window_s=120.0, expect_more=lambda: False)
+    start = time.perf_counter()
+    one = asyncio.run(lone.submit(observations[0], 0))
+    lone.close(timeout=30)
+    assert time.perf_counter() - start < 60 and one.batch_size == 1
+    np.testing.assert_allclose(one.chunk.actions, alone[0], atol=1e-5)
     for r, want in zip(results, alone):
         np.testing.assert_allclose(r.chunk.actions, want, atol=1e-5)
     # widowx's decoder rows produce NaN: its requests fail alone, panda's are still answered.

@@ -1,7 +1,8 @@
 """``MicroBatcher``: requests from concurrent connections run together on a model thread, off the event loop.
 
 The event loop only decodes, validates and ``await``s; the model runs on one worker thread. The worker takes the
-first waiting request, then collects more for at most ``window_s`` (or until ``max_batch``), and runs them as
+first waiting request, then collects more for at most ``window_s`` (or until ``max_batch``, or at once when
+``expect_more()`` says no other client can send one now), and runs them as
 one ``Policy.infer_batch`` call — mixed embodiments and prompts in one forward pass. Each sample's noise comes from
 its own seed, so its chunk is the same whatever batch it lands in. When a batch fails (a non-finite chunk), its
 samples are re-run one by one so only the offending request gets the error. Results go back to the loop with
@@ -59,6 +60,7 @@ class MicroBatcher:
         window_s: float,
         metrics: ServerMetrics | None = None,
         max_queue: int = 1024,
+        expect_more: Callable[[], bool] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"--max-batch must be >= 1, got {max_batch}")
@@ -66,6 +68,9 @@ class MicroBatcher:
             raise ValueError(f"--batch-window-ms must be >= 0, got {window_s * 1000:g}")
         self.infer_batch, self.max_batch, self.window_s = infer_batch, max_batch, window_s
         self.metrics, self.max_queue = metrics, max_queue
+        # Whether another request can still arrive (a client without one in flight): when none can, the window is
+        # not waited for (a lone robot pays no batching latency).
+        self.expect_more = expect_more or (lambda: True)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._busy = 0  # requests taken off the queue and not yet answered (read by the drain on shutdown)
         self._thread = threading.Thread(target=self._run, name="vla-serve-model", daemon=True)
@@ -111,8 +116,9 @@ class MicroBatcher:
         deadline = time.perf_counter() + self.window_s
         while len(jobs) < self.max_batch:
             remaining = deadline - time.perf_counter()
+            wait = remaining > 0 and self.expect_more()
             try:
-                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                job = self._queue.get(timeout=remaining) if wait else self._queue.get_nowait()
             except queue.Empty:
                 break
             if job is None:  # shutting down: run what we have, then stop

@@ -99,12 +99,15 @@ class ServingApp:
             window_s=options.batch_window_ms / 1000,
             metrics=self.metrics,
             max_queue=max(64, 4 * options.max_connections),
+            # A WebSocket client has at most one request in flight; REST callers are unknown, so wait for them.
+            expect_more=lambda: self.in_flight < self.connections or self.rest_active > 0,
         )
         self.default = policy.embodiments[0] if len(policy.embodiments) == 1 else None
         self.metadata = self._metadata(serving_mode or {})
         self._metadata_frame = pack(self.metadata)
         self.connections = 0
         self.in_flight = 0
+        self.rest_active = 0
         self.draining = False
         self.app = Starlette(
             routes=[
@@ -241,6 +244,13 @@ class ServingApp:
             return _unauthorized()
         if self.draining:
             return JSONResponse({"error": "server is shutting down", "kind": "overloaded"}, status_code=503)
+        self.rest_active += 1
+        try:
+            return await self._act(request, received)
+        finally:
+            self.rest_active -= 1
+
+    async def _act(self, request: Request, received: float) -> Response:
         limit = self.options.limits.max_frame_bytes
         body = bytearray()
         async for part in request.stream():
