@@ -164,6 +164,10 @@ def test_expert_reaches_its_success_rate_and_random_does_not(
     # same seeds for both policies: paired comparisons
     assert [e["seed"] for e in rnd["episodes_detail"]] == [e["seed"] for e in res["episodes_detail"][:3]]
     assert rnd["videos"] == []  # --video-every 0: no videos at all
+    # a robot with continuous (unlimited) joints: random draws them over one turn
+    kin = evaluate(EvalConfig(policy="random", embodiment="kinova_gen3", task="reach", episodes=1, image_size=32,
+                              max_steps=3, out=str(tmp_path / "kinova"), video_every=0), progress_bar=False)  # fmt: skip
+    assert kin["episodes"] == 1 and kin["episodes_detail"][0]["steps"] == 3
 
 
 @pytest.fixture(scope="module")

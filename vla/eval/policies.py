@@ -63,6 +63,8 @@ class RandomPolicy:
 
     def act(self, obs: dict[str, Any], env: Any, step: int) -> np.ndarray:
         low, high = env.action_space.low, env.action_space.high
+        # a continuous revolute joint (e.g. Kinova Gen3's joints 1, 3, 5, 7) has no limits: one turn covers it
+        low, high = np.where(np.isfinite(low), low, -np.pi), np.where(np.isfinite(high), high, np.pi)
         return self._rng.uniform(low, high).astype(np.float32)[None]
 
 
