@@ -9,14 +9,15 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   p50/p99 from the client, the server's own ``infer_ms`` per request, and the protocol overhead per request
   (end-to-end minus the server's forward pass: msgpack, WebSocket, validation, preprocessing, queueing), next to
   ``Policy.infer`` timed in process (same checkpoint, same mode).
-* ``throughput``: chunks/s with 1, 4 and 8 concurrent clients (each sends its next request when it has its answer)
+* ``throughput``: chunks/s with 1, 4 and 8 concurrent clients (each sends ``--per-client`` requests, the next when
+  it has its answer)
   against a micro-batching server (``--max-batch 8``) and a one-at-a-time server (``--max-batch 1``, what openpi
   ships); ``speedup_8_clients`` is their ratio.
 
 LeRobot's async-inference gRPC policy server is not run here (it needs the peer venv, ``../shared/peer``, plus its
 ``grpcio`` extras); ``peer_lerobot`` says so.
 
-    .venv/bin/python benchmarks/serve.py [--requests 12] [--seconds 8] [--dtype float32] [--compile] [--out FILE]
+    .venv/bin/python benchmarks/serve.py [--requests 12] [--per-client 4] [--dtype float32] [--compile] [--out FILE]
 """
 
 from __future__ import annotations
@@ -153,47 +154,40 @@ def latency(url: str, n: int) -> dict:
     }
 
 
-def throughput(url: str, clients: int, seconds: float) -> dict:
+def throughput(url: str, clients: int, per_client: int) -> dict:
+    """``clients`` connections each send ``per_client`` requests back to back (after one warm-up request each);
+    chunks/s = all requests / wall time from the common start to the last answer."""
     from vla.serving.client import WebsocketClient
 
-    counts = [0] * clients
     failures: list[str] = []
     batch_sizes: list[int] = []
-    start_barrier = threading.Barrier(clients + 1)
-    stop = threading.Event()
+    start = threading.Barrier(clients + 1)
 
     def run(c: int) -> None:
         try:
-            with WebsocketClient(url, timeout=600) as client:
+            with WebsocketClient(url, timeout=1800) as client:
                 client.infer(request(1000 + c))  # warm
-                start_barrier.wait()
-                i = 0
-                while not stop.is_set():
+                start.wait()
+                for i in range(per_client):
                     out = client.infer(request(c * 100_000 + i))
-                    if not stop.is_set():
-                        counts[c] += 1
-                        batch_sizes.append(out["server_timing"]["batch_size"])
-                    i += 1
+                    batch_sizes.append(out["server_timing"]["batch_size"])
         except Exception as e:
             failures.append(repr(e))
-            if start_barrier.n_waiting:
-                start_barrier.abort()
+            start.abort()
 
     threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
-    start_barrier.wait()
+    start.wait()
     t0 = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    elapsed = time.perf_counter() - t0
     for t in threads:
         t.join()
+    elapsed = time.perf_counter() - t0
     return {
         "clients": clients,
-        "chunks": sum(counts),
+        "chunks": len(batch_sizes),
         "seconds": elapsed,
-        "chunks_per_s": sum(counts) / elapsed,
+        "chunks_per_s": len(batch_sizes) / elapsed,
         "mean_batch_size": statistics.fmean(batch_sizes) if batch_sizes else None,
         "failures": failures,
     }
@@ -202,7 +196,7 @@ def throughput(url: str, clients: int, seconds: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=12, help="latency: sequential requests measured")
-    ap.add_argument("--seconds", type=float, default=8.0, help="throughput: measuring time per client count")
+    ap.add_argument("--per-client", type=int, default=4, help="throughput: requests each client sends")
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--compile", action="store_true")
@@ -227,18 +221,23 @@ def main() -> None:
                 "flow_steps": 10,
                 "dtype": args.dtype,
                 "compile": args.compile,
+                "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
             },
             "in_process": in_process(ckpt, args.dtype, args.compile, args.requests),
         }
         clients = [int(c) for c in args.clients.split(",")]
         for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
+            progress(f"starting vla serve --max-batch {max_batch}")
             server = Server(ckpt, max_batch, args.dtype, args.compile)
             try:
                 if name == "micro_batched":
+                    progress("latency: one client, requests back to back")
                     result["latency"] = latency(server.url, args.requests)
-                result.setdefault("throughput", {})[name] = [
-                    throughput(server.url, c, args.seconds) for c in clients
-                ]
+                for c in clients:
+                    progress(f"throughput: {name}, {c} client(s)")
+                    result.setdefault("throughput", {}).setdefault(name, []).append(
+                        throughput(server.url, c, args.per_client)
+                    )
             finally:
                 result.setdefault("server_exit_codes", {})[name] = server.stop()
     lat = result["latency"]
