@@ -127,7 +127,7 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         "seed": seed,
         "success": success,
         "steps": steps,
-        "policy_calls": calls,
+        "policy_calls": getattr(policy, "queries", calls),  # a broker-driven policy counts its chunk requests
         "instruction": info["instruction"],
         "task": cfg.task,
         "embodiment": env.embodiment_spec.name,
