@@ -3,6 +3,7 @@ save/load, adding an embodiment, and overfitting a 2-episode dataset."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -313,14 +314,69 @@ def test_embodiment_token_is_a_summary_token_images_and_prompt_do_not_see_it(mod
         assert not torch.allclose(ka[:, :, -1], kb[:, :, -1])  # the token itself changed
 
 
-@pytest.mark.slow
-def test_compiled_expert_matches_eager() -> None:
+def _loss_and_expert_grads(m: FlowVLA, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    m.train()
+    loss, _ = m.loss(batch, generator=torch.Generator().manual_seed(1))
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in m.expert.parameters() if p.grad is not None]
+
+
+def _compiled_with(monkeypatch, backend: Callable) -> FlowVLA:
+    """A tiny model with ``model.expert.compile``, its ``torch.compile`` given ``backend``."""
+    real_compile = torch.compile
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=backend, **kw))
+        return tiny_model("smolvlm", seed=0, expert={"compile": True})
+
+
+def test_expert_compile_is_the_training_path(monkeypatch) -> None:
+    """``model.expert.compile`` compiles the expert forward of the training path (``loss`` -> ``velocity``): a
+    recording backend sees its graph and gives eager's loss, and a deliberately wrong backend (outputs negated)
+    changes the loss, so a comparison of compiled against eager would catch a bad compile."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    def negating(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        def run(*args: torch.Tensor) -> object:
+            out = gm.forward(*args)
+            return type(out)(-o if isinstance(o, torch.Tensor) else o for o in out)
+
+        return run
+
     eager = tiny_model("smolvlm", seed=0)
-    compiled = tiny_model("smolvlm", seed=0, expert={"compile": True})
     batch = synthetic_batch(eager)
-    a = eager.sample_actions(batch, generator=torch.Generator().manual_seed(1))
-    b = compiled.sample_actions(batch, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    ref, _ = _loss_and_expert_grads(eager, batch)
+    loss, _ = _loss_and_expert_grads(_compiled_with(monkeypatch, recording), batch)
+    assert len(graphs) >= 1, "the compiled expert forward never ran"
+    torch.testing.assert_close(loss, ref, atol=1e-6, rtol=1e-6)
+    wrong, _ = _loss_and_expert_grads(_compiled_with(monkeypatch, negating), batch)
+    assert (wrong - ref).abs() > 1e-3
+
+
+@pytest.mark.slow
+def test_compiled_expert_matches_eager(monkeypatch) -> None:
+    """Inductor's compile of the expert forward (what ``model.expert.compile`` gives) matches eager in loss and
+    expert gradients (slow: an Inductor forward + backward compile takes minutes on 2 CPU cores)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording_inductor(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    eager = tiny_model("smolvlm", seed=0)
+    batch = synthetic_batch(eager)
+    ref_loss, ref_grads = _loss_and_expert_grads(eager, batch)
+    loss, grads = _loss_and_expert_grads(_compiled_with(monkeypatch, recording_inductor), batch)
+    assert len(graphs) >= 1, "the compiled expert forward never ran"
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    assert len(grads) == len(ref_grads) > 0
+    for g, ref in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-4)
 
 
 def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None:
