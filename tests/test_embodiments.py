@@ -33,7 +33,7 @@ def test_spec_contract(name: str) -> None:
     spec = get_embodiment(name)
     path = config_dir() / "embodiments" / f"{name}.yaml"
     assert path.is_file(), f"spec {name!r} must live in a file named after it: {path}"
-    assert EmbodimentSpec.from_yaml(path) == spec
+    assert yaml.safe_load(path.read_text())["name"] == name, f"{path}: its name field must be {name!r}"
 
     # Round trips: dict and YAML text (what checkpoints and the server handshake carry).
     assert EmbodimentSpec.from_dict(spec.to_dict()) == spec

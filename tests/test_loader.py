@@ -343,9 +343,15 @@ def test_nan_action_is_an_error_naming_the_frame_or_skipped(tmp_path: Path) -> N
 
 @pytest.mark.distributed
 def test_torchrun_two_ranks_get_disjoint_shares(data_root: Path, tmp_path: Path) -> None:
+    import socket
     import subprocess
     import sys
 
+    with (
+        socket.socket() as probe
+    ):  # a port free now (a fixed one collides with any other run on this machine)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     out = tmp_path / "verdict.json"
     script = Path(__file__).parent / "distributed" / "loader_ranks.py"
     proc = subprocess.run(
@@ -356,7 +362,7 @@ def test_torchrun_two_ranks_get_disjoint_shares(data_root: Path, tmp_path: Path)
             "--nproc_per_node",
             "2",
             "--master_port",
-            "29517",
+            str(port),
             str(script),
             str(data_root / "widowx_set"),
             str(out),
