@@ -321,3 +321,46 @@ def test_overwriting_a_checkpoint_never_loses_both_and_cleans_up_after_a_killed_
     save_pretrained(m, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.partial", "ckpt"]
     assert from_pretrained(out).preprocessing == {"version": "new"}
+
+
+def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """bf16 training on the CPU takes the attention kernel measured faster on this machine (CPU families disagree),
+    or the pinned one; a training checkpoint records it and a resumed run pins it."""
+    from vla.models import attention
+
+    calls = {"explicit": 0}
+    real = attention.grouped_attention
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls["explicit"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "grouped_attention", counting)
+    monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
+    model = tiny_model().train()
+    batch = synthetic_batch(model, batch_size=2)
+
+    def step() -> int:
+        calls["explicit"] = 0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = model.loss(batch, generator=torch.Generator().manual_seed(0))
+        loss.backward()
+        return calls["explicit"]
+
+    try:
+        attention.pin_cpu_bf16_kernel("explicit")
+        assert step() > 0 and attention.cpu_bf16_kernel_choices() == {"pinned": "explicit"}
+        attention.pin_cpu_bf16_kernel("sdpa")
+        assert step() == 0
+        attention.pin_cpu_bf16_kernel(None)
+        attention._chosen.clear()
+        used = step()  # measures (4 timed calls of each kernel per head layout), then uses the faster
+        choices = attention.cpu_bf16_kernel_choices()
+        assert choices and set(choices.values()) <= set(attention.KERNELS)
+        assert (used > 4 * len(choices)) == ("explicit" in choices.values()), (used, choices)
+        with pytest.raises(ValueError, match="one of"):
+            attention.pin_cpu_bf16_kernel("flash")
+    finally:
+        attention.pin_cpu_bf16_kernel(None)

@@ -356,3 +356,29 @@ def test_gradient_accumulation_equals_the_larger_batch(wx: Path, tmp_path: Path)
     wa, wb = weights(big.last_checkpoint), weights(acc.last_checkpoint)
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -> None:
+    """The CPU bf16 attention kernels a run measured go into trainer.json and a resumed run keeps them."""
+    from vla.models import attention
+
+    ds = tiny_dataset(tmp_path, "wx_bf16")
+    run = tmp_path / "run"
+    try:
+        first = train(
+            load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run
+        )
+        chosen = json.loads((first.last_checkpoint / "train_state" / "trainer.json").read_text())[
+            "cpu_bf16_attention"
+        ]
+        assert chosen and set(chosen.values()) <= set(attention.KERNELS), chosen
+        # the checkpoint's record, flipped: the resumed run must take it over rather than measure again
+        meta_file = first.last_checkpoint / "train_state" / "trainer.json"
+        meta = json.loads(meta_file.read_text())
+        flipped = {k: "sdpa" if v == "explicit" else "explicit" for k, v in chosen.items()}
+        meta_file.write_text(json.dumps({**meta, "cpu_bf16_attention": flipped}))
+        attention._chosen.clear()
+        train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
+        assert attention.cpu_bf16_kernel_choices() == flipped
+    finally:
+        attention.pin_cpu_bf16_kernel(None)

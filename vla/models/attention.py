@@ -15,6 +15,11 @@ explicit form.
 
 from __future__ import annotations
 
+import logging
+import os
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +27,13 @@ from torch.utils.checkpoint import checkpoint
 from transformers.models.llama.modeling_llama import rotate_half
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
+log = logging.getLogger(__name__)
+
+#: ``VLA_CPU_BF16_ATTENTION=sdpa|explicit`` pins the kernel of bf16 training on the CPU; ``auto`` (default) measures.
+KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
+KERNELS = ("sdpa", "explicit")
+_chosen: dict[tuple[int, int, int], str] = {}  # (query heads, kv heads, head dim) -> kernel, once per process
+_pinned: str | None = None
 
 
 def check_window(text_config: object, length: int, where: str) -> None:
@@ -55,6 +67,71 @@ def _bf16_cpu(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 or (
         torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     )
+
+
+def pin_cpu_bf16_kernel(kernel: str | None) -> None:
+    """Use ``kernel`` ("sdpa" or "explicit") for bf16 training attention on the CPU from now on (None: measure).
+    A resumed run pins the kernel its checkpoint was trained with, so resuming never switches kernels."""
+    global _pinned
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"CPU bf16 attention kernel must be one of {KERNELS} or None, got {kernel!r}")
+    _pinned = kernel
+
+
+def cpu_bf16_kernel_choices() -> dict[str, str]:
+    """The kernels this process chose (or was pinned to), for the checkpoint: ``{"pinned"|"<H>x<KV>x<d>": kernel}``."""
+    if _pinned is not None:
+        return {"pinned": _pinned}
+    return {f"{h}x{kv}x{d}": k for (h, kv, d), k in _chosen.items()}
+
+
+def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
+    """Take over the choices a checkpoint recorded (``cpu_bf16_kernel_choices``): a resumed run uses the kernels its
+    first part measured, so resuming never switches kernels (bitwise resume)."""
+    pin_cpu_bf16_kernel(choices.get("pinned"))
+    for layout, kernel in choices.items():
+        if layout != "pinned" and kernel in KERNELS:
+            h, kv, d = (int(x) for x in layout.split("x"))
+            _chosen[(h, kv, d)] = kernel
+
+
+def _cpu_bf16_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> str:
+    """The faster attention kernel of a bf16 forward + backward on this CPU, measured once per head layout.
+
+    CPU families disagree: on an AMX Xeon SDPA's bf16 backward took ~3x the explicit grouped form at the expert's
+    shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's (``benchmarks/attention.py``), so
+    the choice is measured here, on copies of the first inputs, and logged."""
+    env = os.environ.get(KERNEL_ENV, "auto")
+    if _pinned is not None or env in KERNELS:
+        return _pinned or env
+    key = (q.shape[1], k.shape[1], q.shape[3])
+    if key not in _chosen:
+        _chosen[key] = _measure(q, k, v, mask, scale)
+        log.info(
+            "bf16 CPU attention for %s query/kv heads x %d dims: %s (measured)", key[:2], key[2], _chosen[key]
+        )
+    return _chosen[key]
+
+
+def _measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> str:
+    copies = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    times: dict[str, list[float]] = {kind: [] for kind in KERNELS}
+    with torch.enable_grad():
+        for i in range(4):  # interleaved; the first round warms both up and is not counted
+            for kind in KERNELS if i % 2 == 0 else KERNELS[::-1]:
+                t0 = time.perf_counter()
+                if kind == "sdpa":
+                    out = F.scaled_dot_product_attention(
+                        *copies, attn_mask=mask, scale=scale, enable_gqa=True
+                    )
+                else:
+                    out = grouped_attention(*copies, mask, scale)
+                out.float().sum().backward()
+                if i:
+                    times[kind].append(time.perf_counter() - t0)
+    return min(KERNELS, key=lambda kind: statistics.median(times[kind]))
 
 
 def grouped_attention(
@@ -147,11 +224,15 @@ class SharedKVLayer(nn.Module):
         ``[B, Tq, hidden]``.
 
         SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or faster: bf16
-        training on CPU, where SDPA's flash backward costs ~3x the explicit form at the expert's shapes."""
+        training on the CPU, where the faster of the two is measured per machine (``_cpu_bf16_kernel``)."""
         attn = self.self_attn
         softcap = getattr(attn, "attn_logit_softcapping", None)
-        explicit = softcap or (
-            q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad and _bf16_cpu(q)
+        explicit = bool(softcap) or (
+            q.device.type == "cpu"
+            and torch.is_grad_enabled()
+            and q.requires_grad
+            and _bf16_cpu(q)
+            and _cpu_bf16_kernel(q, k, v, mask, attn.scaling) == "explicit"
         )
         if explicit:
             out = grouped_attention(q, k, v, mask, attn.scaling, softcap)

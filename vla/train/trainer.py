@@ -29,6 +29,7 @@ import torch.distributed as dist
 import yaml
 
 from vla.data.loader import VLALoader, build_loader
+from vla.models.attention import cpu_bf16_kernel_choices, pin_cpu_bf16_kernel, restore_cpu_bf16_kernels
 from vla.models.backbone import resolve_pretrained
 from vla.models.run_dir import CHECKPOINTS, latest_complete
 from vla.train import checkpoint as ckpt
@@ -108,6 +109,9 @@ class Trainer:
         self.ema = self._init_ema()
         self.step, self.samples_seen = 0, 0
         self.datasets = sorted({s.name for s in self.loader.dataset.sources})
+        pin_cpu_bf16_kernel(
+            None
+        )  # a fresh run measures; a resumed one takes its checkpoint's kernels (_resume)
         if self.resume_from is not None:
             self._resume(self.resume_from)
         self.val_loader = self._build_val_loader()
@@ -210,6 +214,7 @@ class Trainer:
         self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
         self.scheduler.load_state_dict(meta["scheduler"])
         self.step, self.samples_seen = int(meta["step"]), int(meta["samples_seen"])
+        restore_cpu_bf16_kernels(meta.get("cpu_bf16_attention") or {})  # the run's kernels (bitwise resume)
         loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
         if meta["world_size"] == self.rt.world_size and loader_state is not None:
             self.loader.load_state_dict(loader_state)
@@ -494,6 +499,7 @@ class Trainer:
                 "embodiments": list(self.model.embodiment_ids),
                 "scheduler": self.scheduler.state_dict(),
                 "strategy": rt.strategy,
+                "cpu_bf16_attention": cpu_bf16_kernel_choices(),
             }
             ckpt.write_trainer_meta(tmp, meta, self.config)
             final = ckpt.publish(self.run_dir, step)
