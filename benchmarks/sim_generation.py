@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Simulation speed (one JSON line): raw ``mj_step`` rate of the scene, env control steps/s with two 128-px
 cameras (and its parts: physics, rendering, expert + control), and ``vla sim generate`` episodes/s on 1 and 2
-workers. Target (issue #3): physics + control overhead <= 2x raw stepping, so rendering is the only real cost.
+workers. Target: physics + control overhead <= 2x raw stepping, so rendering is the only real cost.
 
     .venv/bin/python benchmarks/sim_generation.py [--embodiment panda] [--task pick_place] [--episodes 24]
 """

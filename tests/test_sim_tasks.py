@@ -98,7 +98,7 @@ def test_expert_succeeds(robot: str, task: str) -> None:
 @pytest.mark.parametrize("robot", ROBOT_NAMES)
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_expert_success_rate_sweep(robot: str, task: str, randomization: str) -> None:
-    """The issue's bar: >= 80 % expert success per robot x task (measured: >= 90 % everywhere, seeds 0-9)."""
+    """Bar: >= 80 % expert success per robot x task (measured: >= 90 % everywhere, seeds 0-9)."""
     env = make(robot, task, image_size=16, randomization=randomization)
     rate = np.mean([_run_expert(env, s) for s in range(10)])
     assert rate >= 0.8, rate

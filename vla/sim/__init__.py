@@ -1,4 +1,4 @@
-"""Simulation (issue #3): MuJoCo robots and tabletop worlds built in code with ``mujoco.MjSpec``.
+"""Simulation: MuJoCo robots and tabletop worlds built in code with ``mujoco.MjSpec``.
 
 Modules, one job each:
 

@@ -8,31 +8,21 @@ An ``Example`` is ``Features{map<string, Feature> feature = 1}`` wrapped in fiel
 of ``bytes_list`` (1), ``float_list`` (2, packed float32) or ``int64_list`` (3, packed varints). Decoded
 feature values are ``np.ndarray`` float32 / int64 (flat) or a ``list`` of zero-copy ``memoryview`` slices.
 
-CRC32C uses the ``google-crc32c`` C extension when installed (hardware CRC, GB/s); otherwise a numpy fallback
-runs the byte-table CRC over many lanes of the buffer at once and combines lanes with GF(2) shift operators.
+CRC32C comes from ``google-crc32c`` (a dependency; hardware CRC in its C extension).
 The encoders (records, Examples) live with the writer, ``vla.data.writers.rlds``.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import struct
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
 
+import google_crc32c
 import numpy as np
 
 from vla.data.readers.base import DatasetFormatError
-
-try:  # optional accelerator; the numpy fallback below is exact, just slower
-    import google_crc32c as _gcrc
-
-    HAVE_FAST_CRC32C = _gcrc.implementation == "c"
-except ImportError:  # pragma: no cover - depends on the environment
-    _gcrc = None
-    HAVE_FAST_CRC32C = False
 
 FeatureValue = np.ndarray | list[memoryview]
 """A decoded ``Feature``: flat float32 / int64 array, or a list of byte strings (zero-copy views)."""
@@ -44,84 +34,9 @@ _MASK_DELTA = 0xA282EAD8
 # ---- CRC32C (Castagnoli, reflected polynomial 0x82F63B78) --------------------------------------------------
 
 
-def _make_table() -> np.ndarray:
-    crc = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        crc = np.where(crc & 1, (crc >> 1) ^ np.uint32(0x82F63B78), crc >> 1).astype(np.uint32)
-    return crc
-
-
-_TABLE = _make_table()
-_TABLE_PY = [int(x) for x in _TABLE]
-_LANE_BYTES = 256  # bytes per lane in the numpy fallback (a power of two, so shift operators are cached)
-
-
-def _crc_update_py(crc: int, data: bytes | np.ndarray) -> int:
-    """Raw (un-inverted) register update over a few bytes, in Python."""
-    table = _TABLE_PY
-    for b in bytes(data):
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc
-
-
-@functools.lru_cache(maxsize=64)
-def _zeros_operator(n: int) -> tuple[np.ndarray, ...]:
-    """Byte lookup tables of the linear map "feed ``n`` zero bytes into the register" (``n``: power of 2)."""
-    if n == 1:
-        cols = [_crc_update_py(1 << j, b"\0") for j in range(32)]
-    else:
-        half = _zeros_operator(n // 2)
-        cols = [_apply_tables(half, _apply_tables(half, 1 << j)) for j in range(32)]
-    idx = np.arange(256)
-    tables = []
-    for k in range(4):  # T_k[x] = XOR of the columns of the bits set in byte k
-        t = np.zeros(256, dtype=np.uint32)
-        for b in range(8):
-            t ^= np.where((idx >> b) & 1, np.uint32(cols[8 * k + b]), np.uint32(0)).astype(np.uint32)
-        tables.append(t)
-    return tuple(tables)
-
-
-def _apply_tables(tables: tuple[np.ndarray, ...], v: Any) -> Any:
-    """Apply a zeros-operator (as 4 byte tables) to an int or a uint32 array of registers."""
-    if isinstance(v, int):
-        return int(
-            tables[0][v & 0xFF]
-            ^ tables[1][(v >> 8) & 0xFF]
-            ^ tables[2][(v >> 16) & 0xFF]
-            ^ tables[3][v >> 24]
-        )
-    return tables[0][v & 0xFF] ^ tables[1][(v >> 8) & 0xFF] ^ tables[2][(v >> 16) & 0xFF] ^ tables[3][v >> 24]
-
-
-def _crc32c_numpy(data: bytes) -> int:
-    """CRC32C without a C extension: lanes of ``_LANE_BYTES`` bytes in parallel, combined pairwise."""
-    arr = np.frombuffer(data, dtype=np.uint8)
-    lanes = arr.size // _LANE_BYTES
-    crc = 0xFFFFFFFF
-    if lanes >= 8:
-        body = arr[: lanes * _LANE_BYTES].reshape(lanes, _LANE_BYTES).T  # [lane byte, lane]
-        reg = np.zeros(lanes, dtype=np.uint32)
-        reg[0] = crc  # the initial value enters through the first lane; later lanes start at 0 (linearity)
-        for row in body:
-            reg = _TABLE[(reg ^ row) & 0xFF] ^ (reg >> 8)
-        # Pad at the front with zero lanes to a power of two, fold pairs: crc(A|B) = Z_|B|(crc A) ^ crc B.
-        size = 1 << (lanes - 1).bit_length()
-        reg = np.concatenate([np.zeros(size - lanes, dtype=np.uint32), reg])
-        span = _LANE_BYTES
-        while reg.size > 1:
-            reg = _apply_tables(_zeros_operator(span), reg[0::2]) ^ reg[1::2]
-            span *= 2
-        crc = int(reg[0])
-        arr = arr[lanes * _LANE_BYTES :]
-    return _crc_update_py(crc, arr) ^ 0xFFFFFFFF
-
-
 def crc32c(data: bytes) -> int:
     """CRC32C (Castagnoli) checksum of ``data`` as an unsigned 32-bit int."""
-    if _gcrc is not None:
-        return int(_gcrc.value(bytes(data)))
-    return _crc32c_numpy(bytes(data))
+    return int(google_crc32c.value(bytes(data)))
 
 
 def masked_crc32c(data: bytes) -> int:
