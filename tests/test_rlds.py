@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +59,33 @@ def _droid(tmp_path: Path, splits: dict[str, int], shards: dict[str, int], seed:
     return RLDSReader(root), eps, order
 
 
-def _copy_fixture(src: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "bridge_dataset" / "1.0.0"
-    shutil.copytree(src, dst)
-    for p in dst.iterdir():
-        p.chmod(0o644)
-    return dst
+CORRUPT_EPISODES, CORRUPT_STEPS = 8, 5  # train split of ``_shard_to_corrupt`` (val has 2 episodes)
+
+
+def _shard_to_corrupt(tmp_path: Path) -> Path:
+    """A small Bridge-like RLDS dataset written by our writer (state [7], a JPEG camera), for the tests that
+    corrupt one copy each; returns its version folder ``.../written/1.0.0``."""
+    rng = np.random.default_rng(0)
+    steps = {
+        "is_first": scalar("bool"),
+        "observation/state": tensor([7]),
+        "observation/image_0": image((16, 16, 3)),
+    }
+
+    def episode() -> dict[str, Any]:
+        t = CORRUPT_STEPS
+        return {
+            "steps": {
+                "is_first": np.arange(t) == 0,
+                "observation/state": rng.standard_normal((t, 7)).astype(np.float32),
+                "observation/image_0": rng.integers(0, 256, (t, 16, 16, 3), dtype=np.uint8),
+            }
+        }
+
+    root = tmp_path / "written" / "1.0.0"
+    splits = {"train": [episode() for _ in range(CORRUPT_EPISODES)], "val": [episode(), episode()]}
+    write_rlds(root, "written", splits, steps)
+    return root
 
 
 # ---- wire format ------------------------------------------------------------------------------------------
@@ -283,8 +303,8 @@ def test_writer_rejects_episodes_that_disagree_with_the_spec(tmp_path: Path) -> 
 # ---- bad input -> DatasetFormatError naming file, record/episode, field and a fix -------------------------
 
 
-def test_missing_json_files(tmp_path: Path, bridge_fixture: Path) -> None:
-    root = _copy_fixture(bridge_fixture, tmp_path)
+def test_missing_json_files(tmp_path: Path) -> None:
+    root = _shard_to_corrupt(tmp_path)
     with pytest.raises(DatasetFormatError, match=r"found version folders \['1.0.0'\]"):
         RLDSReader(root.parent)
     (root / "features.json").unlink()
@@ -295,61 +315,70 @@ def test_missing_json_files(tmp_path: Path, bridge_fixture: Path) -> None:
         RLDSReader(root)
 
 
+LAST = CORRUPT_EPISODES - 1
+
+
 @pytest.mark.parametrize(
     ("cut", "match"),
     [
-        (lambda index: index[-1][0] + 12 + 100, r"record 24 at byte \d+ needs \d+ bytes"),  # payload cut
-        (lambda index: index[-1][0] + 5, r"record 24 at byte \d+ has a 5-byte header"),  # header cut
+        (lambda index: index[-1][0] + 12 + 100, rf"record {LAST} at byte \d+ needs \d+ bytes"),  # payload cut
+        (lambda index: index[-1][0] + 5, rf"record {LAST} at byte \d+ has a 5-byte header"),  # header cut
     ],
 )
-def test_truncated_shard(tmp_path: Path, bridge_fixture: Path, cut: Any, match: str) -> None:
-    root = _copy_fixture(bridge_fixture, tmp_path)
-    shard = root / "bridge_dataset-train.tfrecord-00000-of-00001"
+def test_truncated_shard(tmp_path: Path, cut: Any, match: str) -> None:
+    root = _shard_to_corrupt(tmp_path)
+    shard = root / "written-train.tfrecord-00000-of-00001"
     data = shard.read_bytes()
     shard.write_bytes(data[: cut(scan_tfrecord(shard))])
     r = RLDSReader(root)
     with pytest.raises(DatasetFormatError, match=f"{shard.name}: truncated TFRecord: {match}.*re-download"):
         r.read_episode("train", 0)
-    assert r.read_episode("val", 0).length == 10  # other splits unaffected
+    assert r.read_episode("val", 0).length == CORRUPT_STEPS  # other splits unaffected
 
 
-def test_crc_mismatches(tmp_path: Path, bridge_fixture: Path) -> None:
-    root = _copy_fixture(bridge_fixture, tmp_path)
-    shard = root / "bridge_dataset-train.tfrecord-00000-of-00001"
+def test_crc_mismatches(tmp_path: Path) -> None:
+    root = _shard_to_corrupt(tmp_path)
+    shard = root / "written-train.tfrecord-00000-of-00001"
     index = scan_tfrecord(shard)
     data = bytearray(shard.read_bytes())
-    data[int(index[3][0]) + 12 + 5000] ^= 0x01  # one bit in episode 3's payload
+    data[int(index[3][0]) + 12 + int(index[3][1]) // 2] ^= 0x01  # one bit in episode 3's payload
     shard.write_bytes(bytes(data))
     r = RLDSReader(root)
-    assert r.read_episode("train", 2).length == 10
+    assert r.read_episode("train", 2).length == CORRUPT_STEPS
     with pytest.raises(DatasetFormatError, match=r"CRC mismatch in the payload of record 3 .*re-download"):
         r.read_episode("train", 3)
-    assert RLDSReader(root, verify_crc=False).read_episode("train", 3).length == 10  # opt-out works
+    assert (
+        RLDSReader(root, verify_crc=False).read_episode("train", 3).length == CORRUPT_STEPS
+    )  # opt-out works
     data[int(index[7][0]) + 2] ^= 0x01  # a bit of episode 7's length field
     shard.write_bytes(bytes(data))
     with pytest.raises(DatasetFormatError, match=r"CRC mismatch in the length header of record 7"):
         RLDSReader(root).read_episode("train", 0)  # indexing the shard checks every header
 
 
-def test_shard_record_count_disagrees_with_dataset_info(tmp_path: Path, bridge_fixture: Path) -> None:
-    root = _copy_fixture(bridge_fixture, tmp_path)
+def test_shard_record_count_disagrees_with_dataset_info(tmp_path: Path) -> None:
+    root = _shard_to_corrupt(tmp_path)
     info = json.loads((root / "dataset_info.json").read_text())
-    info["splits"][0]["shardLengths"] = ["26"]
+    train = next(s for s in info["splits"] if s["name"] == "train")
+    train["shardLengths"] = [str(CORRUPT_EPISODES + 1)]
     (root / "dataset_info.json").write_text(json.dumps(info))
-    with pytest.raises(DatasetFormatError, match=r"lists 26 episodes for this shard but the file holds 25"):
+    with pytest.raises(
+        DatasetFormatError,
+        match=rf"lists {CORRUPT_EPISODES + 1} episodes for this shard but the file holds {CORRUPT_EPISODES}",
+    ):
         RLDSReader(root).read_episode("train", 0)
 
 
-def test_element_count_disagrees_with_features_json(tmp_path: Path, bridge_fixture: Path) -> None:
-    root = _copy_fixture(bridge_fixture, tmp_path)
+def test_element_count_disagrees_with_features_json(tmp_path: Path) -> None:
+    root = _shard_to_corrupt(tmp_path)
     spec = json.loads((root / "features.json").read_text())
     steps = spec["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"]
     steps["observation"]["featuresDict"]["features"]["state"]["tensor"]["shape"]["dimensions"] = ["6"]
     (root / "features.json").write_text(json.dumps(spec))
     with pytest.raises(
         DatasetFormatError,
-        match=r"record 0 \(train episode 0\), feature 'steps/observation/state' has 70 elements; "
-        r"features\.json shape \(6,\) x 10 steps needs 60.*fix features\.json",
+        match=rf"record 0 \(train episode 0\), feature 'steps/observation/state' has {7 * CORRUPT_STEPS} "
+        rf"elements; features\.json shape \(6,\) x {CORRUPT_STEPS} steps needs {6 * CORRUPT_STEPS}.*fix features\.json",
     ):
         RLDSReader(root).read_episode("train", 0)
 
