@@ -43,7 +43,9 @@ from vla.serving.protocol import ProtocolError, pack, unpack
 __all__ = ["ActionChunkBroker", "AsyncWebsocketClient", "ServerError", "WebsocketClient"]
 
 # websockets >= 17 warns unless a long-lived sync connection opts in with legacy=True; older versions lack the flag.
-_SYNC_LEGACY = {"legacy": True} if "legacy" in inspect.signature(websockets.sync.client.connect).parameters else {}
+_SYNC_LEGACY = (
+    {"legacy": True} if "legacy" in inspect.signature(websockets.sync.client.connect).parameters else {}
+)
 # Responses are small ([H, A] floats); this only bounds a misbehaving server.
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
