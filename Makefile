@@ -7,10 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 PYTEST_ARGS ?=
-# `make test SLOW=1` also runs the tests marked slow (gpu-marked tests never run here: no CUDA on CI).
+# `make test SLOW=1` also runs the tests marked slow; `make test-gpu` runs the gpu-marked ones (needs CUDA).
 MARKERS := $(if $(SLOW),not gpu,not slow and not gpu)
 
-.PHONY: install demo test lint format bench clean chromium
+.PHONY: install demo test test-gpu lint format bench clean chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
@@ -46,6 +46,11 @@ chromium:
 
 test: lint chromium
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m "$(MARKERS)" $(PYTEST_ARGS)
+
+# On a CUDA machine (with a CUDA torch build, e.g. `make TORCH=torch test-gpu`): CPU/GPU agreement, a bf16-autocast
+# training step and compiled serving on CUDA (tests/test_gpu.py); they skip, saying so, without CUDA.
+test-gpu: $(STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m gpu $(PYTEST_ARGS)
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -1,0 +1,113 @@
+"""What a CUDA machine must pass (marker ``gpu``; ``make test-gpu`` runs them, every other run skips them):
+CPU/GPU numerical agreement, a bf16-autocast training step, and compiled serving on CUDA.
+
+Tiny seeded models as everywhere else; noise and flow time come from CPU generators, so both devices see the same
+draws."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from vla.models.policies.flow_vla import FlowVLA
+from vla.models.testing import synthetic_batch, tiny_model
+from vla.types import Batch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)"
+    ),
+]
+
+FAMILIES = ("smolvlm", "paligemma")
+
+
+def _draws(model: FlowVLA, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    return model.draw_flow_inputs(len(batch.prompt), batch.actions.shape[1], torch.Generator().manual_seed(1))
+
+
+@contextlib.contextmanager
+def _no_tf32() -> Iterator[None]:
+    """Full float32 matmuls on CUDA (TF32 would differ from the CPU by ~1e-3 relative)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _on_cuda(model: FlowVLA) -> FlowVLA:
+    cuda = tiny_model(model.cfg.backbone.family, seed=0).cuda()
+    cuda.load_state_dict(model.state_dict())
+    return cuda
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cpu_and_cuda_agree_in_float32(family: str) -> None:
+    """Same weights and draws: loss, expert gradients and sampled chunks agree between CPU and CUDA (TF32 off)."""
+    cpu = tiny_model(family, seed=0)
+    batch = synthetic_batch(cpu)
+    time, noise = _draws(cpu, batch)
+    with _no_tf32():
+        cuda = _on_cuda(cpu)
+        losses, grads, chunks = [], [], []
+        for m in (cpu, cuda):
+            m.train()
+            terms = m.loss_terms(batch, noise=noise, time=time)
+            loss = terms.err.sum() / terms.weight.sum()
+            loss.backward()
+            losses.append(loss.detach().cpu())
+            grads.append([p.grad.detach().cpu() for p in m.expert.parameters() if p.grad is not None])
+            m.eval()
+            chunks.append(m.sample_actions(batch, noise=noise.clone()).cpu())
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-4, rtol=1e-4)
+    assert len(grads[0]) == len(grads[1]) > 0
+    for g_cuda, g_cpu in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(g_cuda, g_cpu, atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(chunks[1], chunks[0], atol=1e-3, rtol=1e-3)
+
+
+def test_bf16_autocast_training_step_on_cuda() -> None:
+    """One optimizer step under bf16 autocast on CUDA: a finite loss within bf16 tolerance of the float32 loss,
+    float32 master weights that all receive gradients and move."""
+    m = tiny_model("smolvlm", seed=0).cuda().train()
+    batch = synthetic_batch(m)
+    time, noise = _draws(m, batch)
+    with torch.no_grad():
+        ref = m.loss_terms(batch, noise=noise, time=time)
+        ref_loss = ref.err.sum() / ref.weight.sum()
+    m.autocast_dtype = torch.bfloat16
+    before = {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+    terms = m.loss_terms(batch, noise=noise, time=time)
+    loss = terms.err.sum() / terms.weight.sum()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    torch.testing.assert_close(loss.float(), ref_loss, atol=5e-2, rtol=5e-2)
+    for name, p in m.named_parameters():
+        if p.requires_grad:
+            assert p.dtype == torch.float32, name
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    moved = [n for n, p in m.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert len(moved) > 0.9 * len(before), f"only {len(moved)} of {len(before)} trainable tensors moved"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_serving_on_cuda_matches_eager(dtype: str) -> None:
+    """prepare_inference(compile=True) on CUDA: the compiled flow step, vision tower and language layers give the
+    eager chunks of the same dtype, and the compiled step is what runs."""
+    eager = tiny_model("smolvlm", seed=0).cuda().prepare_inference(dtype)
+    batch = synthetic_batch(eager)
+    noise = torch.randn(4, 6, eager.cfg.max_action_dim, generator=torch.Generator().manual_seed(2))
+    ref = eager.sample_actions(batch, noise=noise)
+    compiled = tiny_model("smolvlm", seed=0).cuda().prepare_inference(dtype, compile=True)  # same weights
+    assert compiled._serving_step is not None
+    out = compiled.sample_actions(batch, noise=noise)
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
