@@ -355,7 +355,7 @@ def cmd_embodiment_draft(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from vla.demo import run_demo
 
-    return run_demo(args.workdir)
+    return run_demo(args.workdir, quick=args.quick)
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -612,8 +612,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(sub)
 
-    s = sub.add_parser("demo", help="run the end-to-end tour on embedded defaults")
-    s.add_argument("--workdir", default="outputs/demo")
+    s = sub.add_parser(
+        "demo",
+        help="the main job end to end on embedded defaults: sim data -> pretrain -> LoRA on an unseen robot -> "
+        "closed-loop eval -> a served episode -> report and model card",
+    )
+    s.add_argument("--workdir", default="runs/demo")
+    s.add_argument(
+        "--quick", action="store_true", help="smoke-test sizes (seconds per stage; numbers mean nothing)"
+    )
     s.set_defaults(fn=cmd_demo)
     return p
 

@@ -1,223 +1,255 @@
-"""``vla demo`` (``make demo``): the end-to-end tour on embedded defaults, no downloads, a few seconds on a CPU.
+"""``vla demo`` (``make demo``): the main job end to end on embedded defaults, every stage the real command.
 
-The tour: write a small two-robot dataset with our LeRobot v3 writer (plus an RLDS export in the DROID layout),
-inspect it, validate it, compute normalization stats, convert the RLDS export to LeRobot, render a preview, stream
-mixed-embodiment training batches through the loader, then build the VLA (a tiny SmolVLM backbone of the real
-classes, built locally), train it 12 steps with the real trainer (`vla train debug`: a resumable run folder with a
-step checkpoint) and sample action chunks from that checkpoint;
-finally generate two domain-randomized simulation episodes with a scripted expert and load them.
-It ends by saying which parts of the pipeline are not built yet.
+1. ``vla sim generate``: domain-randomized scripted demonstrations of a language-conditioned task (the target is
+   named by colour among distractors) for three pretraining robots and, few, for a robot pretraining never sees;
+   ``vla data stats`` for each dataset.
+2. ``vla train``: cross-embodiment pretraining of the tiny VLA on the three robots' mixture.
+3. ``vla finetune`` (LoRA) on the unseen robot from (a) the pretrained model and (b) a freshly initialised one, with
+   the same data and steps; ``vla export --merge`` of each.
+4. ``vla eval sim`` on the same seeds: (a), (b), the scripted expert and a random policy, under the training
+   randomization and under the held-out ``reality_proxy`` preset; success rates with 95 % Wilson intervals.
+5. ``vla serve`` the fine-tuned model and run one episode through the serving client and its action-chunk broker
+   (``vla eval sim --via-server``: a robot's control loop), with its video.
+6. ``vla eval report``: ``report.html`` (tables, plots, videos), plus the fine-tuned model's Hugging Face model card.
+
+Each stage prints one line with its elapsed time; the commands draw their own progress bars. Running the demo again
+reuses finished stages: each command resumes (generation, training and fine-tuning from their newest complete
+state) and an evaluation whose ``results.json`` exists is kept. ``--quick`` shrinks every size to a smoke run (the
+tests use it); the numbers of a quick run mean nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+PRETRAIN_ROBOTS = ("panda", "ur5e", "widowx")
+NEW_ROBOT = "kinova_gen3"
+TASK = "reach"
 
 
-def _say(title: str) -> None:
-    print(f"\n== {title}")
+@dataclass(frozen=True)
+class DemoSizes:
+    """How much of everything the demo does (the defaults fit ``make demo`` on a 2-core CPU)."""
+
+    episodes_per_robot: int = 24  # pretraining demonstrations per robot
+    new_robot_episodes: int = (
+        16  # fine-tuning demonstrations of the unseen robot (+ 2 held out for validation)
+    )
+    pretrain_steps: int = 300
+    finetune_steps: int = 150
+    batch_size: int = 16
+    eval_episodes: int = 10  # per policy and randomization, on the same seeds for every policy
+    workers: int = 2
+    image_size: int = 64  # the tiny model's vision tower reads 64 px
+    randomization: str = "low"  # generation and the first evaluation column
 
 
-def run_demo(workdir: str | Path = "outputs/demo") -> int:
-    from vla.config import DataConfig, load_config
-    from vla.data.convert import convert_dataset
-    from vla.data.inspect import dataset_info, show_frame
-    from vla.data.loader import build_loader
-    from vla.data.preview import preview_episode
-    from vla.data.stats import write_stats
-    from vla.data.validate import validate_dataset
-    from vla.data.writers.rlds import droid_features, synthetic_droid_episode, write_rlds
-    from vla.data.writers.synthetic import make_lerobot_dataset
+QUICK = DemoSizes(
+    episodes_per_robot=3,
+    new_robot_episodes=3,
+    pretrain_steps=2,
+    finetune_steps=2,
+    batch_size=4,
+    eval_episodes=1,
+    workers=1,
+)
 
-    t0 = time.perf_counter()
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the tour prints its own progress
-    work = Path(workdir)
-    marker = work / ".vla_demo"  # only a folder an earlier demo made is wiped: --workdir may be any path
-    if work.exists() and any(work.iterdir()) and not marker.is_file():
-        raise FileExistsError(
-            f"--workdir {work} is not empty and was not made by 'vla demo'; pass a new or empty folder"
+class Demo:
+    """The stages above over one work folder (``runs/demo`` by default)."""
+
+    def __init__(self, workdir: str | Path, sizes: DemoSizes) -> None:
+        self.root = Path(workdir)
+        self.sizes = sizes
+        self.data = self.root / "data"
+        self.t0 = time.perf_counter()
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # embedded defaults only: nothing is downloaded
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("MUJOCO_GL", "egl")
+
+    # ---- plumbing ----------------------------------------------------------------------------------------------
+    def vla(self, *args: object) -> None:
+        """Run ``vla ARGS`` (the command's own ``main``, in this process: no interpreter start-up per command) and
+        fail loudly with its command line."""
+        from vla.cli import main
+
+        argv = [str(a) for a in args]
+        print("  $ vla " + " ".join(argv), flush=True)
+        rc = main(argv)
+        if rc != 0:
+            raise RuntimeError(f"`vla {' '.join(argv)}` failed (exit {rc}); its error is printed above")
+
+    def stage(self, number: int, title: str, fn) -> None:
+        start = time.perf_counter()
+        print(f"\n[{number}/6] {title}", flush=True)
+        fn()
+        now = time.perf_counter()
+        print(f"[{number}/6] done in {now - start:.0f} s (total {now - self.t0:.0f} s)", flush=True)
+
+    def dataset(self, robot: str) -> Path:
+        return self.data / f"sim_{robot}_{TASK}"
+
+    # ---- 1. data -------------------------------------------------------------------------------------------------
+    def generate(self) -> None:
+        s = self.sizes
+        jobs = [(r, s.episodes_per_robot, 0) for r in PRETRAIN_ROBOTS]
+        jobs.append((NEW_ROBOT, s.new_robot_episodes + 2, 1000))  # other seeds; 2 episodes held out
+        for robot, episodes, seed in jobs:
+            out = self.dataset(robot)
+            self.vla("sim", "generate", "--embodiment", robot, "--task", TASK, "--episodes", episodes,
+                     "--out", out, "--workers", s.workers, "--seed", seed, "--image-size", s.image_size,
+                     "--randomization", s.randomization)  # fmt: skip
+            self.vla("data", "stats", out)
+        mixture = self.root / "pretrain_mixture.yaml"
+        lines = ["format_version: 1", "name: demo_pretrain", "description: the demo's simulated robots",
+                 "balance_by_size: false", "datasets:"]  # fmt: skip
+        lines += [f"  - {{name: sim_{r}_{TASK}, weight: 1.0, path: {self.dataset(r).resolve()}, kind: sim}}"
+                  for r in PRETRAIN_ROBOTS]  # fmt: skip
+        mixture.write_text("\n".join(lines) + "\n")
+
+    # ---- 2. pretraining ------------------------------------------------------------------------------------------
+    def common_sets(self, steps: int) -> list[str]:
+        s = self.sizes
+        sets = {
+            "train.steps": steps,
+            "train.save_every": max(1, steps // 2),
+            "data.batch_size": s.batch_size,
+            "data.num_workers": min(2, s.workers),
+            "data.val_episodes": 1,
+            "train.val_every": max(1, steps // 3),
+            "train.val_batches": 2,
+            "train.val_at_start": "true",
+            "logging.every": max(1, steps // 20),
+        }
+        return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+
+    def pretrain(self) -> None:
+        sets = self.common_sets(self.sizes.pretrain_steps)
+        self.vla("train", "debug", "--run-dir", self.root / "pretrain",
+                 "--set", f"data.mixture={self.root / 'pretrain_mixture.yaml'}",
+                 "--set", "optim.warmup_steps=20", *sets)  # fmt: skip
+
+    # ---- 3. fine-tuning --------------------------------------------------------------------------------------
+    def finetune(self) -> None:
+        fresh = self.root / "fresh_init"
+        if not (fresh / "config.json").is_file():
+            robots = [a for r in PRETRAIN_ROBOTS for a in ("--embodiment", f"sim_{r}")]
+            self.vla("model", "init", "tiny_smolvlm", "--out", fresh, *robots, "--overwrite")
+        sets = self.common_sets(self.sizes.finetune_steps)
+        data = ["--set", f"data.datasets=[{self.dataset(NEW_ROBOT).resolve()}]"]
+        for name, init in (("pretrained", self.root / "pretrain"), ("fresh", fresh)):
+            run = self.root / f"finetune_{name}"
+            self.vla("finetune", init, "--embodiment", f"sim_{NEW_ROBOT}", "--run-dir", run,
+                     "--preset", "finetune_lora", *data, *sets, "--set", "optim.warmup_steps=10")  # fmt: skip
+            self.vla("export", run, "--merge", "--out", self.root / f"export_{name}", "--overwrite")
+
+    # ---- 4. evaluation ---------------------------------------------------------------------------------------
+    def policies(self) -> dict[str, str]:
+        return {
+            "finetuned_from_pretrained": str(self.root / "export_pretrained"),
+            "finetuned_from_fresh": str(self.root / "export_fresh"),
+            "expert": "expert",
+            "random": "random",
+        }
+
+    def evaluate(self) -> None:
+        s = self.sizes
+        for level in (s.randomization, "reality_proxy"):
+            for name, policy in self.policies().items():
+                out = self.root / "eval" / f"{name}_{level}"
+                if (out / "results.json").is_file():
+                    print(f"  {out}/results.json exists: kept", flush=True)
+                    continue
+                self.vla("eval", "sim", policy, "--embodiment", NEW_ROBOT, "--task", TASK, "--episodes",
+                         s.eval_episodes, "--randomization", level, "--workers", s.workers, "--seed", 7,
+                         "--image-size", s.image_size, "--video-every", max(1, s.eval_episodes // 2),
+                         "--out", out)  # fmt: skip
+
+    # ---- 5. serving ------------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        out = self.root / "served_episode"
+        if (out / "results.json").is_file():
+            print(f"  {out}/results.json exists: kept", flush=True)
+            return
+        cmd = [sys.executable, "-m", "vla.cli", "serve", str(self.root / "export_pretrained"), "--port", "0",
+               "--dtype", "float32", "--no-compile"]  # fmt: skip
+        print("  $ vla " + " ".join(cmd[3:]), flush=True)
+        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            url = _wait_ready(server)
+            self.vla("eval", "sim", "served", "--via-server", url, "--embodiment", NEW_ROBOT, "--task", TASK,
+                     "--episodes", 1, "--seed", 7, "--image-size", self.sizes.image_size, "--video-every", 1,
+                     "--randomization", self.sizes.randomization, "--out", out)  # fmt: skip
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+    # ---- 6. report -------------------------------------------------------------------------------------------
+    def report(self) -> None:
+        runs = [*sorted((self.root / "eval").iterdir()), self.root / "served_episode"]
+        self.vla("eval", "report", *runs, "--out", self.root / "report.html")
+        card = self.root / "export_pretrained" / "README.md"
+        shutil.copyfile(card, self.root / "MODEL_CARD.md")
+
+    def summary(self) -> str:
+        """The success table of stage 4 (policy x randomization) from the results files."""
+        lines = [
+            f"{'policy':<28}" + "".join(f"{lvl:>28}" for lvl in (self.sizes.randomization, "reality_proxy"))
+        ]
+        for name in self.policies():
+            cells = []
+            for level in (self.sizes.randomization, "reality_proxy"):
+                res = json.loads((self.root / "eval" / f"{name}_{level}" / "results.json").read_text())
+                lo, hi = res["ci95"]
+                cells.append(f"{res['successes']}/{res['episodes']} [{lo:.2f}, {hi:.2f}]")
+            lines.append(f"{name:<28}" + "".join(f"{c:>28}" for c in cells))
+        return "\n".join(lines)
+
+    def run(self) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        print(f"vla demo in {self.root} ({self.sizes})", flush=True)
+        self.stage(1, f"simulated demonstrations: {', '.join(PRETRAIN_ROBOTS)} + unseen {NEW_ROBOT} ({TASK})",
+                   self.generate)  # fmt: skip
+        self.stage(2, "cross-embodiment pretraining (vla train)", self.pretrain)
+        self.stage(
+            3, f"LoRA fine-tuning on {NEW_ROBOT}: from the pretrained and from a fresh model", self.finetune
         )
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    marker.write_text("made by vla demo; the next run wipes and rewrites this folder\n")
+        self.stage(4, "closed-loop evaluation on the same seeds (vla eval sim)", self.evaluate)
+        self.stage(5, "one served episode through the client and broker (vla serve)", self.serve)
+        self.stage(6, "report and model card", self.report)
+        print("\nsuccess on the unseen robot (successes/episodes, 95 % Wilson interval):")
+        print(self.summary())
+        print(f"\nreport:     {self.root / 'report.html'}")
+        print(f"model card: {self.root / 'MODEL_CARD.md'}")
+        print(f"served episode video: {self.root / 'served_episode' / 'videos'}")
+        print(f"demo finished in {time.perf_counter() - self.t0:.0f} s")
+        return 0
 
-    _say(
-        "1. write datasets: SYNTHETIC (made up here: smooth states/actions, striped images that code their frame "
-        "index; not robot data) as LeRobot v3.0 with AV1 video, and as RLDS in DROID's published layout"
-    )
-    widowx = make_lerobot_dataset(
-        work / "data" / "widowx_demo",
-        num_episodes=4,
-        episode_length=[24, 30, 20, 26],
-        cameras={"primary": (96, 128), "secondary": (96, 128)},
-        state_dim=7,
-        action_dim=7,
-        fps=5,
-        robot_type="widowx_bridge",
-        seed=0,
-    )
-    rng = np.random.default_rng(0)
-    episodes = [synthetic_droid_episode(rng, 20, (90, 160, 3)) for _ in range(3)]
-    droid = work / "data" / "droid_100"
-    write_rlds(droid, "droid_100", {"train": episodes}, *droid_features((90, 160, 3)))
-    print(
-        f"wrote {widowx} and {droid} (both synthetic: the shapes and formats of real data, not its content)"
-    )
 
-    _say("2. vla data info")
-    for path in (widowx, droid):
-        info = dataset_info(path)
-        splits = ", ".join(
-            f"{k}: {v['episodes']} episodes / {v['frames']} frames" for k, v in info["splits"].items()
-        )
-        print(f"{info['name']:<14} {info['format']:<13} embodiment={info['embodiment']:<14} {splits}")
+def _wait_ready(server: subprocess.Popen, timeout: float = 300) -> str:
+    """The WebSocket URL ``vla serve`` prints when it is ready (its output is echoed meanwhile)."""
+    assert server.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        if not line:
+            raise RuntimeError(f"vla serve exited with {server.wait()} before it was ready")
+        print("  | " + line.rstrip(), flush=True)
+        if m := re.search(r"ready at (ws://\S+)", line):
+            return m.group(1)
+    raise RuntimeError(f"vla serve was not ready within {timeout:.0f} s")
 
-    _say("3. vla data show --json (one DROID step: raw fields as stored + the canonical frame)")
-    shown = show_frame(droid, None, 1, 5)
-    print(json.dumps({k: shown[k] for k in ("format", "split", "episode", "frame", "num_frames")}))
-    print("raw keys:", ", ".join(sorted(shown["raw"])[:8]), "...")
-    print(
-        "standardized:", json.dumps({k: shown["standardized"][k] for k in ("embodiment", "prompt", "action")})
-    )
 
-    _say("4. vla data validate")
-    for path in (widowx, droid):
-        problems = validate_dataset(path)
-        print(f"{path.name}: {len(problems)} problem(s)" + "".join(f"\n  {p}" for p in problems))
+def run_demo(workdir: str | Path = "runs/demo", *, quick: bool = False) -> int:
+    return Demo(workdir, QUICK if quick else DemoSizes()).run()
 
-    _say("5. vla data stats (one streaming pass, per embodiment)")
-    for path in (widowx, droid):
-        out = write_stats(path, progress=False)
-        print(f"{path.name}: {out}")
 
-    _say("6. vla data convert (RLDS -> LeRobot v3.0, canonical layout)")
-    converted = convert_dataset(droid, work / "data" / "droid_lerobot", video=True).out
-    print(f"wrote {converted}: {dataset_info(converted)['splits']}")
-
-    _say("7. vla data preview")
-    print(f"wrote {preview_episode(widowx, work / 'widowx_ep0.mp4', episode=0)}")
-
-    _say("8. loader: mixed-embodiment batches (history 2, chunk 10, 224 px, augmentation on, normalized)")
-    cfg = load_config(
-        DataConfig,
-        {
-            "datasets": [str(widowx), str(droid)],
-            "batch_size": 8,
-            "obs_history": 2,
-            "chunk_length": 10,
-            "image_size": 224,
-            "augment": {"enabled": True},
-        },
-    )
-    loader = build_loader(cfg)
-    for i, batch in enumerate(loader):
-        batch.validate()
-        if i == 0:
-            print("images:", {k: list(v.shape) for k, v in batch.images.items()})
-            print(
-                "state",
-                list(batch.state.shape),
-                "actions",
-                list(batch.actions.shape),
-                "action_is_pad",
-                int(batch.action_is_pad.sum()),
-                "padded steps",
-            )
-            print(
-                "embodiments:",
-                {e: batch.meta["embodiment"].count(e) for e in sorted(set(batch.meta["embodiment"]))},
-            )
-        if i == 4:
-            break
-    print(f"loader state after 5 batches: {loader.state_dict()['batches_done']} batches done (resumable)")
-
-    _say(
-        "9. model: tiny SmolVLM backbone + flow-matching expert + per-embodiment heads (vla model init),"
-        " trained with vla train (the debug preset)"
-    )
-    import torch
-
-    from vla.models.hub import from_pretrained, init_checkpoint
-
-    ckpt = init_checkpoint("tiny_smolvlm", work / "model_init", embodiments=sorted(loader.embodiment_ids))
-    model = from_pretrained(ckpt)
-    counts = model.parameter_counts()["all"]
-    print(f"wrote {ckpt}: {counts['total']:,} parameters ({counts['trainable']:,} trainable)")
-    from vla.train.config import load_train_config
-    from vla.train.trainer import train
-
-    run = train(
-        load_train_config(
-            "debug",
-            [
-                f"data.datasets=[{widowx},{droid}]",
-                "data.batch_size=8",
-                "train.steps=12",
-                "train.save_every=12",
-                "optim.lr=1e-3",
-                "optim.warmup_steps=2",
-                "logging.every=4",
-                "logging.progress=true",
-            ],
-        ),
-        work / "runs" / "debug",
-    )
-    model = from_pretrained(run.last_checkpoint).eval()
-    print(
-        f"vla train debug: {run.step} steps, final loss {run.final_loss:.3f}; checkpoint {run.last_checkpoint}"
-    )
-    cfg = load_config(
-        DataConfig,
-        {"datasets": [str(widowx), str(droid)], "batch_size": 8, "chunk_length": 8, "image_size": 64},
-    )
-    batch = next(iter(build_loader(cfg, embodiment_ids=model.embodiment_ids)))
-    actions = model.sample_actions(batch, generator=torch.Generator().manual_seed(0))
-    print(f"sampled action chunks {list(actions.shape)} (10 Euler steps, prefix computed once)")
-
-    _say(
-        "10. simulation: MuJoCo WidowX, language task, scripted expert, medium randomization (vla sim generate)"
-    )
-    from vla.data.readers import open_dataset
-    from vla.sim.generate import GenerateConfig, generate
-
-    sim_out = work / "data" / "sim_widowx_pick_place"
-    counts = generate(
-        GenerateConfig(
-            "widowx", "pick_place", episodes=2, out=str(sim_out), randomization="medium", image_size=64
-        ),
-        progress_bar=False,
-    )
-    reader = open_dataset(sim_out)
-    print(f"wrote {counts['written']} episodes ({counts['dropped']} failed demos dropped) to {sim_out}")
-    for e in range(reader.num_episodes("train")):
-        meta = reader.episode_metadata("train", e)
-        rec = meta.get("randomization", {})
-        dyn = rec.get("dynamics", {})
-        print(
-            f"  episode {e}: {reader.episode_length('train', e)} frames, "
-            f"task {reader.read_frame('train', e, 0)['task']!r}, "
-            f"randomized: {', '.join(k for k in sorted(rec) if k != 'level')} (level {rec.get('level')}; "
-            f"{len(dyn)} dynamics fields, ...)"
-        )
-    write_stats(sim_out, progress=False)
-    sim_cfg = load_config(DataConfig, {"datasets": [str(sim_out)], "batch_size": 4, "chunk_length": 10})
-    sim_batch = next(iter(build_loader(sim_cfg)))
-    print(f"loader batch from the sim data: state {list(sim_batch.state.shape)}, "
-          f"actions {list(sim_batch.actions.shape)}, cameras {sorted(sim_batch.images)}")  # fmt: skip
-
-    _say("not built yet")
-    print(
-        "LoRA fine-tuning for a new body (vla finetune), serving (vla serve) and closed-loop evaluation (vla eval)"
-    )
-    print(
-        "are open issues; this tour will grow into pretrain -> fine-tune -> serve -> evaluate as they land."
-    )
-    print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; outputs in {work}")
-    return 0
+__all__ = ["QUICK", "Demo", "DemoSizes", "run_demo"]

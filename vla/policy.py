@@ -196,7 +196,12 @@ class Policy:
             frames = img[None] if img.ndim == 3 else img  # [T, h, w, 3]
             if len(frames) < t_obs:  # the loader repeats the first frame before an episode start
                 frames = np.concatenate([np.repeat(frames[:1], t_obs - len(frames), axis=0), frames])
-            images[slot] = resize_images(np.ascontiguousarray(frames[-t_obs:]), tr.pre.image_size)
+            frames = frames[-t_obs:]
+            if (
+                not frames.flags.writeable or not frames.flags.c_contiguous
+            ):  # torch wants its own writable memory
+                frames = np.array(frames, copy=True, order="C")
+            images[slot] = resize_images(frames, tr.pre.image_size)
         state = np.asarray(obs.state, dtype=np.float32)
         if tr.state is not None:
             state = np.asarray(tr.state(state.astype(np.float64)), dtype=np.float32)
