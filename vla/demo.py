@@ -50,6 +50,9 @@ class DemoSizes:
     workers: int = 2
     image_size: int = 64  # the tiny model's vision tower reads 64 px
     randomization: str = "low"  # generation and the first evaluation column
+    train_seed: int = 0  # pretraining's and fine-tuning's train.seed
+    new_robot_seed: int = 1000  # generation seed of the unseen robot's demonstrations (pretraining data: 0)
+    eval_seed: int = 7  # first episode seed of every evaluation (same for every policy: paired)
 
 
 QUICK = DemoSizes(
@@ -101,7 +104,7 @@ class Demo:
     def generate(self) -> None:
         s = self.sizes
         jobs = [(r, s.episodes_per_robot, 0) for r in PRETRAIN_ROBOTS]
-        jobs.append((NEW_ROBOT, s.new_robot_episodes + 2, 1000))  # other seeds; 2 episodes held out
+        jobs.append((NEW_ROBOT, s.new_robot_episodes + 2, s.new_robot_seed))  # other seeds; 2 held out
         for robot, episodes, seed in jobs:
             out = self.dataset(robot)
             self.vla("sim", "generate", "--embodiment", robot, "--task", TASK, "--episodes", episodes,
@@ -120,6 +123,7 @@ class Demo:
         s = self.sizes
         sets = {
             "train.steps": steps,
+            "train.seed": s.train_seed,
             "train.save_every": max(1, steps // 2),
             "data.batch_size": s.batch_size,
             "data.num_workers": min(2, s.workers),
@@ -169,7 +173,8 @@ class Demo:
                     print(f"  {out}/results.json exists: kept", flush=True)
                     continue
                 self.vla("eval", "sim", policy, "--embodiment", NEW_ROBOT, "--task", TASK, "--episodes",
-                         s.eval_episodes, "--randomization", level, "--workers", s.workers, "--seed", 7,
+                         s.eval_episodes, "--randomization", level, "--workers", s.workers,
+                         "--seed", s.eval_seed,
                          "--image-size", s.image_size, "--video-every", max(1, s.eval_episodes // 2),
                          "--out", out)  # fmt: skip
 
@@ -185,9 +190,10 @@ class Demo:
         server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             url = _wait_ready(server)
+            s = self.sizes
             self.vla("eval", "sim", "served", "--via-server", url, "--embodiment", NEW_ROBOT, "--task", TASK,
-                     "--episodes", 1, "--seed", 7, "--image-size", self.sizes.image_size, "--video-every", 1,
-                     "--randomization", self.sizes.randomization, "--out", out)  # fmt: skip
+                     "--episodes", 1, "--seed", s.eval_seed, "--image-size", s.image_size, "--video-every", 1,
+                     "--randomization", s.randomization, "--out", out)  # fmt: skip
         finally:
             server.terminate()
             server.wait(timeout=60)

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Does cross-embodiment pretraining help a robot it never saw? ``make demo``'s experiment at a scale that can show it.
+
+Per training seed (``--seeds``, default 3), with the real commands (``vla.demo.Demo``'s stages):
+
+1. ``vla sim generate`` domain-randomized demonstrations of the language-conditioned reach task (the target is named
+   by colour among distractors) for the three pretraining robots (shared by every seed) and a few for the unseen
+   Kinova Gen3 (drawn anew per seed: a different small dataset is part of what a seed varies);
+2. ``vla train`` cross-embodiment pretraining (``train.seed`` = the seed);
+3. ``vla finetune`` (LoRA) on the Kinova demonstrations from (a) the pretrained model and (b) a freshly initialised
+   one, same data, steps and seed;
+4. ``vla eval sim`` of (a), (b), the scripted expert and a random policy, under the training randomization and under
+   the held-out ``reality_proxy`` preset, every policy on the same initial states (paired). Each seed evaluates its
+   own block of episode seeds, so the pooled episodes cover ``seeds x episodes`` distinct initial states.
+
+Writes ``benchmarks/results/transfer_study_<date>.json`` (settings, the CPU, per-seed and pooled success with 95 %
+Wilson intervals, the held-out validation loss of each fine-tuning run, and whether (a) beats (b) and random with
+non-overlapping intervals) and a PNG of the pooled rates next to it.
+
+Tuning never sees the evaluation episodes: ``--validation`` evaluates on a disjoint block of episode seeds (from
+``VALIDATION_SEED``) into its own work folder and writes ``transfer_study_validation_<date>.json``; tune the sizes
+there, then run once without it. Every stage resumes, so an interrupted study continues where it stopped.
+
+    .venv/bin/python scripts/transfer_study.py [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
+        [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--validation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, TASK, Demo, DemoSizes  # noqa: E402
+from vla.eval.stats import wilson_interval  # noqa: E402
+
+EVAL_SEED = (
+    10_000  # first episode seed of the reported evaluation; seed k evaluates [EVAL_SEED + k*N, ... + N)
+)
+VALIDATION_SEED = 5_000_000  # first episode seed of the tuning evaluation (disjoint from the reported one)
+ARMS = ("finetuned_from_pretrained", "finetuned_from_fresh", "expert", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySizes(DemoSizes):
+    """The study's scale (defaults sized for about 90 minutes on a 2-core CPU) and its number of seeds."""
+
+    episodes_per_robot: int = 60
+    new_robot_episodes: int = 20
+    pretrain_steps: int = 2000
+    finetune_steps: int = 400
+    eval_episodes: int = 50  # per seed, policy and randomization
+    seeds: int = 3
+
+
+class SeedRun(Demo):
+    """One seed of the study: ``Demo``'s stages 1-4 in ``workdir/seed_<k>``, with the pretraining data shared by
+    every seed (``workdir/data``) and the unseen robot's demonstrations drawn per seed."""
+
+    def __init__(self, workdir: Path, seed: int, sizes: DemoSizes) -> None:
+        super().__init__(workdir / f"seed_{seed}", sizes)
+        self.data = workdir / "data"
+        self.seed = seed
+
+    def dataset(self, robot: str) -> Path:
+        if robot == NEW_ROBOT:
+            return self.data / f"sim_{robot}_{TASK}_seed{self.seed}"
+        return super().dataset(robot)
+
+    def run_stages(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.stage(
+            1, f"seed {self.seed}: demonstrations ({', '.join(PRETRAIN_ROBOTS)} + {NEW_ROBOT})", self.generate
+        )
+        self.stage(2, f"seed {self.seed}: cross-embodiment pretraining", self.pretrain)
+        self.stage(
+            3, f"seed {self.seed}: LoRA on {NEW_ROBOT} from the pretrained and a fresh model", self.finetune
+        )
+        self.stage(4, f"seed {self.seed}: closed-loop evaluation", self.evaluate)
+
+    def results(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """``{arm: {level: results.json}}`` of stage 4."""
+        levels = (self.sizes.randomization, "reality_proxy")
+        return {
+            arm: {
+                lvl: json.loads((self.root / "eval" / f"{arm}_{lvl}" / "results.json").read_text())
+                for lvl in levels
+            }
+            for arm in ARMS
+        }
+
+    def final_val_loss(self, arm: str) -> float | None:
+        """The last held-out validation loss logged by ``arm``'s fine-tuning run (``metrics.jsonl``)."""
+        run = self.root / ("finetune_pretrained" if arm == "finetuned_from_pretrained" else "finetune_fresh")
+        losses = [
+            rec["val_loss"]
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+            if line.strip() and "val_loss" in (rec := json.loads(line))
+        ]
+        return losses[-1] if losses else None
+
+
+def pooled(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Successes and episodes summed over seeds, with the Wilson interval of the pooled rate, and the per-seed rates'
+    mean and standard deviation (the spread the pooled interval does not show)."""
+    k = sum(r["successes"] for r in per_seed)
+    n = sum(r["episodes"] for r in per_seed)
+    rates = [r["success_rate"] for r in per_seed]
+    low, high = wilson_interval(k, n)
+    return {
+        "successes": k,
+        "episodes": n,
+        "success_rate": k / n if n else 0.0,
+        "ci95": [low, high],
+        "per_seed_rates": rates,
+        "per_seed_mean": statistics.fmean(rates) if rates else 0.0,
+        "per_seed_std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+    }
+
+
+def beats(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """``a``'s 95 % interval lies entirely above ``b``'s (the study's claim, per randomization level)."""
+    return a["ci95"][0] > b["ci95"][1]
+
+
+def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
+    """Per-seed and pooled success per arm and level, fine-tuning validation losses, and the claims' verdicts."""
+    per_seed = {run.seed: run.results() for run in runs}
+    pool = {arm: {lvl: pooled([per_seed[s][arm][lvl] for s in per_seed]) for lvl in levels} for arm in ARMS}
+    claims = {
+        lvl: {
+            "pretrained_beats_fresh": beats(
+                pool["finetuned_from_pretrained"][lvl], pool["finetuned_from_fresh"][lvl]
+            ),
+            "pretrained_beats_random": beats(pool["finetuned_from_pretrained"][lvl], pool["random"][lvl]),
+            "fresh_beats_random": beats(pool["finetuned_from_fresh"][lvl], pool["random"][lvl]),
+        }
+        for lvl in levels
+    }
+    val = {
+        arm: {str(run.seed): run.final_val_loss(arm) for run in runs}
+        for arm in ("finetuned_from_pretrained", "finetuned_from_fresh")
+    }
+    return {
+        "per_seed": {
+            str(s): {
+                arm: {
+                    lvl: {k: r[lvl][k] for k in ("successes", "episodes", "success_rate", "ci95")}
+                    for lvl in levels
+                }
+                for arm, r in res.items()
+            }
+            for s, res in per_seed.items()
+        },
+        "pooled": pool,
+        "finetune_final_val_loss": val,
+        "claims": claims,
+    }
+
+
+def plot(summary: dict[str, Any], levels: tuple[str, str], out: Path, title: str) -> None:
+    """Grouped bars of the pooled success rate per arm and level, with the 95 % intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(levels)
+    for j, lvl in enumerate(levels):
+        xs = [i + (j - (len(levels) - 1) / 2) * width for i in range(len(ARMS))]
+        rates = [summary["pooled"][arm][lvl]["success_rate"] for arm in ARMS]
+        lows = [r - summary["pooled"][arm][lvl]["ci95"][0] for arm, r in zip(ARMS, rates, strict=True)]
+        highs = [summary["pooled"][arm][lvl]["ci95"][1] - r for arm, r in zip(ARMS, rates, strict=True)]
+        ax.bar(xs, rates, width, yerr=[lows, highs], capsize=3, label=lvl)
+    ax.set_xticks(range(len(ARMS)), [a.replace("_", "\n", 1) for a in ARMS])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("success rate (pooled, 95 % Wilson)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(title="randomization")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
+        )
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    d = StudySizes()
+    ap.add_argument("--seeds", type=int, default=d.seeds)
+    ap.add_argument("--episodes-per-robot", type=int, default=d.episodes_per_robot)
+    ap.add_argument("--new-robot-episodes", type=int, default=d.new_robot_episodes)
+    ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps)
+    ap.add_argument("--finetune-steps", type=int, default=d.finetune_steps)
+    ap.add_argument("--batch-size", type=int, default=d.batch_size)
+    ap.add_argument("--eval-episodes", type=int, default=d.eval_episodes, help="per seed, policy and level")
+    ap.add_argument("--workers", type=int, default=d.workers)
+    ap.add_argument("--image-size", type=int, default=d.image_size)
+    ap.add_argument(
+        "--randomization", default=d.randomization, help="generation and the first evaluation column"
+    )
+    ap.add_argument(
+        "--validation", action="store_true", help="evaluate on the tuning seeds, not the reported ones"
+    )
+    ap.add_argument("--workdir", type=Path, default=REPO / "runs" / "transfer_study")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/...)")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.eval_episodes < 1:
+        ap.error("--seeds and --eval-episodes must be at least 1")
+
+    kind = "transfer_study_validation" if args.validation else "transfer_study"
+    out = args.out or REPO / "benchmarks" / "results" / f"{kind}_{date.today().isoformat()}.json"
+    first_eval_seed = VALIDATION_SEED if args.validation else EVAL_SEED
+    workdir = args.workdir / ("validation" if args.validation else "reported")
+    t0 = time.perf_counter()
+    runs = []
+    for seed in range(args.seeds):
+        sizes = StudySizes(
+            episodes_per_robot=args.episodes_per_robot,
+            new_robot_episodes=args.new_robot_episodes,
+            pretrain_steps=args.pretrain_steps,
+            finetune_steps=args.finetune_steps,
+            batch_size=args.batch_size,
+            eval_episodes=args.eval_episodes,
+            workers=args.workers,
+            image_size=args.image_size,
+            randomization=args.randomization,
+            seeds=args.seeds,
+            train_seed=seed,
+            new_robot_seed=1000 + 100 * seed,
+            eval_seed=first_eval_seed + seed * args.eval_episodes,
+        )
+        run = SeedRun(workdir, seed, sizes)
+        run.t0 = t0
+        run.run_stages()
+        runs.append(run)
+
+    levels = (args.randomization, "reality_proxy")
+    summary = summarize(runs, levels)
+    settings = {k: v for k, v in dataclasses.asdict(runs[0].sizes).items()
+                if k not in ("train_seed", "new_robot_seed", "eval_seed")}  # fmt: skip
+    result = {
+        "benchmark": kind,
+        "date": date.today().isoformat(),
+        "cpu_model": cpu_model(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "settings": settings
+        | {
+            "model": "tiny_smolvlm (vla train's debug preset)",
+            "pretrain_robots": list(PRETRAIN_ROBOTS),
+            "new_robot": NEW_ROBOT,
+            "task": TASK,
+            "levels": list(levels),
+            "first_eval_seed": first_eval_seed,
+            "finetune_preset": "finetune_lora",
+        },
+        **summary,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    title = (f"{NEW_ROBOT} {TASK}: {args.seeds} seeds x {args.eval_episodes} episodes, pretrain "
+             f"{args.pretrain_steps} steps, LoRA {args.finetune_steps} steps on {args.new_robot_episodes} demos")  # fmt: skip
+    plot(summary, levels, out.with_suffix(".png"), title)
+
+    print(f"\n{'arm':<28}" + "".join(f"{lvl:>30}" for lvl in levels))
+    for arm in ARMS:
+        cells = []
+        for lvl in levels:
+            p = summary["pooled"][arm][lvl]
+            cells.append(f"{p['successes']}/{p['episodes']} [{p['ci95'][0]:.2f}, {p['ci95'][1]:.2f}]")
+        print(f"{arm:<28}" + "".join(f"{c:>30}" for c in cells))
+    for lvl, verdict in summary["claims"].items():
+        print(f"{lvl}: " + ", ".join(f"{k}={v}" for k, v in verdict.items()))
+    print(f"results: {out} and {out.with_suffix('.png')} ({result['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

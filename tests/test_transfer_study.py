@@ -1,0 +1,89 @@
+"""``scripts/transfer_study.py``'s bookkeeping: per-seed runs laid out as its stages write them, pooled over seeds with
+Wilson intervals, the claims decided by non-overlapping intervals, and the plot written. (The stages themselves are
+``vla.demo.Demo``'s, run end to end by the ``make demo`` test.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from vla.eval.stats import wilson_interval
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("transfer_study", REPO / "scripts" / "transfer_study.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["transfer_study"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, int]], n: int, val: float):
+    sizes = study.StudySizes(eval_episodes=n, train_seed=seed)
+    run = study.SeedRun(workdir, seed, sizes)
+    for arm, per_level in successes.items():
+        for lvl, k in per_level.items():
+            out = run.root / "eval" / f"{arm}_{lvl}"
+            out.mkdir(parents=True)
+            lo, hi = wilson_interval(k, n)
+            out.joinpath("results.json").write_text(
+                json.dumps({"successes": k, "episodes": n, "success_rate": k / n, "ci95": [lo, hi]})
+            )
+    for name, loss in (("finetune_pretrained", val), ("finetune_fresh", val + 0.5)):
+        (run.root / name).mkdir(parents=True)
+        lines = [{"step": 1, "loss": 2.0}, {"step": 5, "val_loss": loss + 1}, {"step": 10, "val_loss": loss}]
+        (run.root / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return run
+
+
+def test_pooled_rates_intervals_claims_and_plot(tmp_path: Path) -> None:
+    study = _study()
+    levels = ("low", "reality_proxy")
+    a_wins = {
+        "finetuned_from_pretrained": {"low": 40, "reality_proxy": 20},
+        "finetuned_from_fresh": {"low": 10, "reality_proxy": 15},
+        "expert": {"low": 50, "reality_proxy": 45},
+        "random": {"low": 0, "reality_proxy": 1},
+    }
+    runs = [_write_seed(study, tmp_path, s, a_wins, 50, 0.4 + 0.1 * s) for s in range(3)]
+    summary = study.summarize(runs, levels)
+
+    pre = summary["pooled"]["finetuned_from_pretrained"]["low"]
+    assert (pre["successes"], pre["episodes"]) == (120, 150)
+    assert pre["ci95"] == pytest.approx(list(wilson_interval(120, 150)))
+    assert pre["per_seed_rates"] == [0.8, 0.8, 0.8] and pre["per_seed_std"] == 0.0
+    # low: 120/150 vs 30/150 -> disjoint; reality_proxy: 60/150 vs 45/150 -> the intervals overlap
+    assert summary["claims"]["low"] == {
+        "pretrained_beats_fresh": True,
+        "pretrained_beats_random": True,
+        "fresh_beats_random": True,
+    }
+    assert summary["claims"]["reality_proxy"]["pretrained_beats_fresh"] is False
+    assert summary["claims"]["reality_proxy"]["pretrained_beats_random"] is True
+    assert summary["finetune_final_val_loss"]["finetuned_from_pretrained"] == pytest.approx(
+        {"0": 0.4, "1": 0.5, "2": 0.6}
+    )
+    assert summary["per_seed"]["2"]["random"]["reality_proxy"]["successes"] == 1
+
+    png = tmp_path / "study.png"
+    study.plot(summary, levels, png, "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_seed_layout_shares_pretraining_data_and_draws_the_new_robot_per_seed(tmp_path: Path) -> None:
+    study = _study()
+    a, b = (study.SeedRun(tmp_path, s, study.StudySizes(train_seed=s)) for s in (0, 1))
+    assert a.dataset("panda") == b.dataset("panda") == tmp_path / "data" / "sim_panda_reach"
+    assert a.dataset(study.NEW_ROBOT) != b.dataset(study.NEW_ROBOT)
+    assert a.root != b.root and a.root.parent == tmp_path
+    # the reported and the tuning evaluations never share an episode seed
+    sizes = study.StudySizes()
+    reported = range(study.EVAL_SEED, study.EVAL_SEED + sizes.seeds * sizes.eval_episodes)
+    assert study.VALIDATION_SEED not in reported and reported[-1] < study.VALIDATION_SEED
