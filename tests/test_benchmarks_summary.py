@@ -1,0 +1,69 @@
+"""``benchmarks/run_all.py``: it knows every benchmark script, and its summary of the committed results repeats each
+benchmark's own numbers (the ratios the scripts computed themselves) in one JSON and one markdown table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run_all():
+    spec = importlib.util.spec_from_file_location("run_all", REPO / "benchmarks" / "run_all.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_all"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_benchmark_script_is_run_and_summarized() -> None:
+    run_all = _run_all()
+    helpers = {"harness.py", "run_all.py"}
+    scripts = {p.name for p in (REPO / "benchmarks").glob("*.py") if p.name not in helpers}
+    scripts = {s for s in scripts if not s.startswith("peer_")}  # run inside the peer's venv by the others
+    assert scripts == {script for script, _, _ in run_all.BENCHMARKS.values()}
+    assert set(run_all.EXTRACT) == set(run_all.BENCHMARKS)
+
+
+def test_summary_of_the_committed_results(tmp_path: Path) -> None:
+    run_all = _run_all()
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "benchmarks" / "results", results)
+    (results / "train_2020-01-01.json").write_text("{}")  # older files are ignored: the newest date wins
+    assert run_all.main(["--summary-only", "--results", str(results)]) == 0
+
+    summary = json.loads((results / "summary.json").read_text())
+    table = (results / "SUMMARY.md").read_text()
+    for name, entry in summary["benchmarks"].items():
+        assert entry["file"] and entry["rows"], f"{name}: no committed result or no rows"
+        assert all(row["ours"] is not None for row in entry["rows"]), (name, entry["rows"])
+        for row in entry["rows"]:
+            assert f"| {name} | {row['what']} |" in table
+
+    train = json.loads((results / summary["benchmarks"]["train"]["file"]).read_text())
+    (row,) = summary["benchmarks"]["train"]["rows"]
+    assert row["times_better"] == pytest.approx(
+        train["speedup"]["samples_per_s"]["ours_fp32_vs_lerobot_fp32"]
+    )
+    loader = json.loads((results / summary["benchmarks"]["data_loader"]["file"]).read_text())
+    first = summary["benchmarks"]["data_loader"]["rows"][0]
+    assert first["times_better"] == pytest.approx(
+        loader["speedup"]["w0_ours_nocache_vs_lerobot_torchcodec"], rel=0.01
+    )
+    model = summary["benchmarks"]["model"]["rows"][0]  # a time: lower is better, so the ratio is peer / ours
+    assert model["times_better"] == pytest.approx(model["peer"] / model["ours"]) and model["times_better"] > 1
+    assert "matmul peak fp32" in table
+
+
+def test_a_missing_benchmark_result_is_named(tmp_path: Path) -> None:
+    run_all = _run_all()
+    summary = run_all.summarize(tmp_path)
+    assert all(e["rows"] == [] and "no " in e["missing"] for e in summary["benchmarks"].values())
+    assert "| serve | no serve_<date>.json in" in run_all.markdown(summary)
