@@ -14,7 +14,7 @@ import yaml
 from vla.config import AugmentConfig, DataConfig, load_config
 from vla.data.collate import collate
 from vla.data.keymaps import KeyMap, raw, zeros
-from vla.data.loader import build_loader
+from vla.data.loader import SkippedSamplesError, build_loader
 from vla.data.normalize import Normalizer, StatsFile
 from vla.data.readers import open_dataset
 from vla.data.readers.base import FeatureInfo, RawEpisode
@@ -303,10 +303,19 @@ def test_bad_sample_raise_names_location_and_skip_counts(tmp_path: Path) -> None
     videos[0].write_bytes(bytes(data))
     with pytest.raises(Exception, match=r"while loading sample .*bad.*data.on_bad_sample=skip"):
         _all(build_loader(_cfg([path], shuffle=False, batch_size=2)))
+    # the wiped file holds every episode's frames: skipping stops at the first batch past 1 % of the epoch
     loader = build_loader(_cfg([path], shuffle=False, batch_size=2, on_bad_sample="skip"))
-    batches = _all(loader)
-    assert loader.num_skipped > 0
-    assert sum(b.batch_size for b in batches) == 16 - loader.num_skipped
+    with pytest.raises(
+        SkippedSamplesError, match=r"2 of this epoch's 16 samples .*First causes: sample 0: .*mp4"
+    ):
+        _all(loader)
+    assert loader.num_skipped == 2
+    # allowing every sample to be skipped still fails an epoch that yields no batch at all
+    loader = build_loader(
+        _cfg([path], shuffle=False, batch_size=2, on_bad_sample="skip", max_skipped_fraction=1.0)
+    )
+    with pytest.raises(SkippedSamplesError, match=r"16 of this epoch's 16 samples .*no batch was left"):
+        _all(loader)
 
 
 def test_nan_action_is_an_error_naming_the_frame_or_skipped(tmp_path: Path) -> None:
@@ -336,7 +345,16 @@ def test_nan_action_is_an_error_naming_the_frame_or_skipped(tmp_path: Path) -> N
         ValueError, match=r"non-finite action at frame 4 .*episode 0.*data.on_bad_sample=skip"
     ):
         _all(build_loader(_cfg([path], shuffle=False, batch_size=1, chunk_length=2)))
-    loader = build_loader(_cfg([path], shuffle=False, batch_size=1, chunk_length=2, on_bad_sample="skip"))
+    loader = build_loader(
+        _cfg(
+            [path],
+            shuffle=False,
+            batch_size=1,
+            chunk_length=2,
+            on_bad_sample="skip",
+            max_skipped_fraction=0.5,
+        )
+    )
     frames = [b.meta["frame"][0] for b in loader]
     assert frames == [0, 1, 2, 5] and loader.num_skipped == 2  # frames 3 and 4 have the NaN in their chunk
 

@@ -111,6 +111,8 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     on_bad_sample: str = "raise"
+    # with on_bad_sample=skip: the share of an epoch's samples that may be skipped before the loader fails
+    max_skipped_fraction: float = 0.01
     val_episodes: int = 0  # the last N episodes of each dataset's split: held out of training, validated on
     normalize: bool = True
     stats_path: str | None = None
@@ -146,6 +148,10 @@ class DataConfig:
         _require(
             self.on_bad_sample in ("raise", "skip"),
             f"data.on_bad_sample must be 'raise' or 'skip', got {self.on_bad_sample!r}",
+        )
+        _require(
+            0.0 <= self.max_skipped_fraction <= 1.0,
+            f"data.max_skipped_fraction must be in [0, 1], got {self.max_skipped_fraction}",
         )
 
 

@@ -23,8 +23,11 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
+    if isinstance(value, bytes):  # binary data stays recognisable as such, never a silently altered string
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"<{len(value)} bytes, not UTF-8: {value[:32].hex()}{'...' if len(value) > 32 else ''}>"
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             return [to_jsonable(v) for v in value.tolist()]

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from vla.config import DataConfig
 from vla.data.collate import _Collate, collate
 from vla.data.mixture_sampler import MixtureSampler
-from vla.data.readers import open_dataset
+from vla.data.readers import DatasetFormatError, open_dataset
 from vla.data.windows import NormalizeFn, Source, WindowDataset, build_source, standardize_options
 from vla.types import Batch
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NormalizeFn",
     "SampleOrder",
+    "SkippedSamplesError",
     "Source",
     "VLALoader",
     "WindowDataset",
@@ -42,6 +43,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class SkippedSamplesError(DatasetFormatError):
+    """With ``data.on_bad_sample=skip``, more samples of an epoch were bad than ``data.max_skipped_fraction``
+    allows; the message names the first causes."""
 
 
 class SampleOrder:
@@ -168,6 +174,7 @@ class VLALoader:
         self.epoch = 0
         self.batches_done = 0  # consumed in the current epoch
         self.num_skipped = 0
+        self.epoch_skipped: list[str] = []  # why each sample of the current epoch was skipped
 
     def __len__(self) -> int:
         return len(self.order)
@@ -186,16 +193,38 @@ class VLALoader:
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch (the rest of it after a resume); the next ``iter`` starts the next epoch."""
+        self.epoch_skipped = []
+        yielded = 0
         for batch in self._loader():
             self.batches_done += 1
             skipped = batch if isinstance(batch, list) else batch.meta.get("skipped", [])
             for msg in skipped:
                 self.num_skipped += 1
+                self.epoch_skipped.append(msg)
                 log.warning("skipped bad sample (%d so far): %s", self.num_skipped, msg)
+            self._check_skipped(final=False)
             if isinstance(batch, Batch):
+                yielded += 1
                 yield batch
+        self._check_skipped(final=not yielded)
         self.epoch += 1
         self.batches_done = 0
+
+    def _check_skipped(self, final: bool) -> None:
+        """Fail once this epoch's skipped samples pass ``data.max_skipped_fraction`` of its samples (or when
+        ``final``: the epoch yielded no batch at all), naming the first causes: ``on_bad_sample=skip`` is for
+        a few damaged samples, not for a dataset that cannot be read."""
+        epoch_samples = len(self.order) * self.order.batch_size
+        limit = self.cfg.max_skipped_fraction * epoch_samples
+        if not self.epoch_skipped or (len(self.epoch_skipped) <= limit and not final):
+            return
+        causes = "; ".join(self.epoch_skipped[:3])
+        raise SkippedSamplesError(
+            f"{len(self.epoch_skipped)} of this epoch's {epoch_samples} samples were skipped as bad "
+            f"(data.max_skipped_fraction={self.cfg.max_skipped_fraction:g} allows {int(limit)}"
+            f"{'; no batch was left' if final else ''}). First causes: {causes}. Repair the data, or raise "
+            "data.max_skipped_fraction if losing these samples is acceptable"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -36,7 +36,7 @@ from vla.data.keymaps.conversions import (
     rel2abs_gripper,
     state_delta_relabel,
 )
-from vla.data.readers.base import DatasetReader, RawEpisode
+from vla.data.readers.base import DatasetFormatError, DatasetReader, RawEpisode
 from vla.embodiments import get_embodiment
 from vla.types import Frame
 
@@ -119,8 +119,11 @@ def _missing(km: KeyMap, name: str, role: str, key: str, available: list[str]) -
 class _RawArrays:
     """Decoded raw per-step arrays of one episode, checked against the key map's declared feature types."""
 
-    def __init__(self, km: KeyMap, raw: RawEpisode, name: str, image_keys: list[str]) -> None:
+    def __init__(
+        self, km: KeyMap, raw: RawEpisode, name: str, image_keys: list[str], where: str = ""
+    ) -> None:
         self.km, self.raw, self.name, self.image_keys = km, raw, name, image_keys
+        self.where = where or f"dataset {name!r} {raw.split} episode {raw.index}"
         self._cache: dict[str, Any] = {}
 
     def available(self) -> list[str]:
@@ -134,7 +137,7 @@ class _RawArrays:
         compressed, dtype, shape = parse_feature_type(self.km.features[key])
         value = self.raw.steps[key]
         if dtype == "string":
-            out: Any = [_to_text(v) for v in value]
+            out: Any = self._texts(key, value)
         else:
             if compressed and value.dtype == object:
                 value = np.stack([np.frombuffer(zlib.decompress(_to_bytes(v)), dtype=dtype) for v in value])
@@ -150,6 +153,24 @@ class _RawArrays:
         self._cache[key] = out
         return out
 
+    def _texts(self, key: str, values: Any) -> list[str]:
+        """Per-step text of ``key``, decoded as strict UTF-8; equal neighbours share one ``str`` object, so an
+        instruction repeated on every frame is held once however long it is."""
+        out: list[str] = []
+        for step, v in enumerate(values):
+            if out and (v is values[step - 1] or v == values[step - 1]):
+                out.append(out[-1])
+                continue
+            try:
+                out.append(_to_text(v))
+            except UnicodeDecodeError as e:
+                raise DatasetFormatError(
+                    f"{self.where} field {key!r} step {step}: not UTF-8 text ({e.reason} at byte {e.start}: "
+                    f"{bytes(v)[max(0, e.start - 8) : e.start + 8]!r}); a prompt must be the dataset's own text. "
+                    "Re-export the dataset with UTF-8 strings (or set data.on_bad_sample=skip)"
+                ) from None
+        return out
+
 
 def _to_bytes(v: Any) -> bytes:
     # A reader hands UTF-8-decodable byte strings over as str; encoding back restores the exact bytes.
@@ -157,8 +178,9 @@ def _to_bytes(v: Any) -> bytes:
 
 
 def _to_text(v: Any) -> str:
-    if isinstance(v, bytes | bytearray | np.bytes_):
-        return bytes(v).decode("utf-8", errors="replace")
+    """A stored string as ``str``: bytes are strict UTF-8 (``UnicodeDecodeError`` otherwise), never a repr."""
+    if isinstance(v, bytes | bytearray | np.bytes_ | memoryview):
+        return bytes(v).decode("utf-8")
     return str(v)
 
 
@@ -199,7 +221,8 @@ def _prompts(
     for key in km.language_keys:
         value = arrays.get(key, "language")
         if isinstance(value, list):
-            texts[key] = [t.strip() for t in value]
+            stripped: dict[str, str] = {}  # one str per distinct prompt, not one copy per frame
+            texts[key] = [stripped.get(t) or stripped.setdefault(t, t.strip()) for t in value]
         else:  # int32 code points [L, N]
             texts[key] = [_codepoints_to_text(row).strip() for row in value.astype(np.int64)]
     keys = list(texts)
@@ -234,20 +257,30 @@ def keymap_for(reader: DatasetReader) -> KeyMap | None:
     return generic_keymap(reader)
 
 
-def _require_keymap(reader: DatasetReader) -> KeyMap:
-    km = keymap_for(reader)
-    if km is not None:
-        return km
+def no_keymap_reason(reader: DatasetReader) -> str:
+    """Why ``reader`` has no key map, naming what is missing (for errors): the unknown dataset name, and for a
+    LeRobot dataset why the generic map does not apply (no ``robot_type``, an unregistered one, or a missing
+    or mis-sized feature such as ``observation.state``)."""
     from vla.data.keymaps.lerobot import generic_keymap_reason
 
+    generic = generic_keymap_reason(reader) if reader.format.startswith("lerobot") else ""
+    if generic and reader.robot_type:  # the generic map is what this dataset is meant to use
+        return f"the LeRobot generic map does not apply: {generic}."
     known = ""
     try:
         KEYMAPS.get(reader.name)
     except KeyError as e:
-        known = str(e)
+        known = str(e.args[0] if e.args else e)
+    return f"{known} (LeRobot generic map: {generic}.)" if generic else known
+
+
+def _require_keymap(reader: DatasetReader) -> KeyMap:
+    km = keymap_for(reader)
+    if km is not None:
+        return km
     raise KeyMapError(
-        f"{reader.path}: dataset {reader.name!r} has no key map, so its frames cannot be standardized. {known} "
-        f"(LeRobot generic map: {generic_keymap_reason(reader)}.)"
+        f"{reader.path}: dataset {reader.name!r} has no key map, so its frames cannot be standardized. "
+        f"{no_keymap_reason(reader)}"
     )
 
 
@@ -270,7 +303,9 @@ def standardize_episode(
     raw = raw if raw is not None else reader.read_episode(split, episode)
     spec = get_embodiment(km.embodiment)
     length = raw.length
-    arrays = _RawArrays(km, raw, name, reader.image_keys())
+    arrays = _RawArrays(
+        km, raw, name, reader.image_keys(), f"{reader.path} split {split!r} episode {episode}"
+    )
     for slot, key in km.cameras.items():
         if key not in arrays.image_keys:
             raise _missing(km, name, f"camera slot {slot!r}", key, arrays.available())
@@ -317,6 +352,10 @@ def standardize_episode(
     if opts.success_only and km.success_key is not None:
         try:
             value = _to_text(_metadata_value(raw, km.success_key))
+        except UnicodeDecodeError as e:
+            raise DatasetFormatError(
+                f"{arrays.where} episode metadata {km.success_key!r}: not UTF-8 text ({e}); re-export the dataset"
+            ) from None
         except KeyError:
             raise _missing(
                 km, name, "success filter (episode metadata)", km.success_key, list(raw.metadata)

@@ -48,7 +48,9 @@ _WORKER: dict[str, Any] = {}  # set before forking so workers inherit readers wi
 
 def _standardizer(readers: Sequence[DatasetReader]) -> EpisodeFn:
     """``standardize_episode`` with each reader's key map looked up once (an error names a reader without one)."""
-    from vla.data.standardize import keymap_for, standardize_episode
+    from vla.data.keymaps import KeyMapError
+    from vla.data.standardize import keymap_for, no_keymap_reason, standardize_episode
+    from vla.embodiments import EMBODIMENTS
 
     keymaps = {}
     for r in readers:
@@ -56,14 +58,14 @@ def _standardizer(readers: Sequence[DatasetReader]) -> EpisodeFn:
         if keymaps[id(r)] is None:
             robot = getattr(r, "robot_type", None)
             hint = (
-                f" Its robot_type {robot!r} is not a registered embodiment: draft a spec with `vla embodiment draft "
-                f"{r.path} --name {robot} --out {robot}.yaml` and pass --embodiment {robot}.yaml."
-                if robot
+                f" Draft a spec for its robot with `vla embodiment draft {r.path} --name {robot} --out "
+                f"{robot}.yaml` and pass --embodiment {robot}.yaml."
+                if robot and robot not in EMBODIMENTS
                 else ""
             )
-            raise ValueError(
-                f"{r.path}: dataset {r.name!r} has no registered key map, so its state/action cannot be "
-                f"standardized; add one under vla/data/keymaps/.{hint}"
+            raise KeyMapError(
+                f"{r.path}: dataset {r.name!r} has no key map, so its state/action cannot be standardized: "
+                f"{no_keymap_reason(r)} Add one under vla/data/keymaps/.{hint}"
             )
     return lambda reader, split, episode: standardize_episode(reader, split, episode, keymaps[id(reader)])
 

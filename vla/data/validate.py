@@ -1,8 +1,10 @@
 """``vla data validate``: find every problem in a dataset in one pass, each with its location and a fix.
 
-Checks: files readable (truncated parquet/tfrecord, missing meta files), per-step shapes against the declared
-features, NaN/inf values, missing frames (LeRobot ``frame_index``/``timestamp`` gaps), undecodable images or
-video frames, the key map's standardization, and degenerate normalization statistics.
+Checks: files readable (truncated parquet/tfrecord, missing meta files, text that is not UTF-8), per-step
+shapes against the declared features, NaN/inf values, missing frames (LeRobot ``frame_index``/``timestamp``
+gaps), undecodable images or video frames, the key map's standardization, degenerate normalization statistics,
+and the metadata against the data (``vla.data.consistency``: episode-index gaps, info.json totals,
+``meta/stats.json``, a registered robot without a usable key map, timestamps against ``frame_index / fps``).
 """
 
 from __future__ import annotations
@@ -141,11 +143,13 @@ def validate_dataset(
         splits = reader.splits()
     except Exception as e:
         return [Problem("unreadable", str(path), str(e), "check the path and that the dataset is complete")]
+    from vla.data.consistency import metadata_problems, timestamp_problems
     from vla.data.running_stats import RunningStats
     from vla.data.standardize import keymap_for, standardize_episode
 
     keymap = keymap_for(reader)
     problems: list[Problem] = []
+    problems.extend(metadata_problems(reader))
     # standardized state/action stats per embodiment, accumulated as we go (no frames kept in memory)
     per_embodiment: dict[str, dict[str, RunningStats]] = {}
     todo = [(s, e) for s in splits for e in range(reader.num_episodes(s))[:max_episodes]]
@@ -161,6 +165,8 @@ def validate_dataset(
                 problems.append(Problem("unreadable", where, str(e), "repair or remove the damaged file"))
                 continue
             _check_lowdim(reader, where, raw.steps, problems)
+            if not any(p.kind == "missing_frames" and p.where.startswith(f"{where} ") for p in problems):
+                problems.extend(timestamp_problems(reader, where, raw.steps))  # a gap is reported once
             _check_images(reader, split, ep, raw.length, where, problems)
             if keymap is not None:
                 try:

@@ -20,8 +20,15 @@ from torch.utils.data import Dataset
 
 from vla.config import DataConfig
 from vla.data.episode_index import NO_CACHE_ENV, kept_lengths
+from vla.data.keymaps import KeyMapError
 from vla.data.readers import DatasetReader
-from vla.data.standardize import StandardizeOptions, StdEpisode, keymap_for, standardize_episode
+from vla.data.standardize import (
+    StandardizeOptions,
+    StdEpisode,
+    keymap_for,
+    no_keymap_reason,
+    standardize_episode,
+)
 from vla.data.transforms import augment_images, resize_images
 
 log = logging.getLogger(__name__)
@@ -77,10 +84,10 @@ def build_source(
     index."""
     km = keymap or keymap_for(reader)
     if km is None:
-        raise ValueError(
-            f"{reader.path}: dataset {reader.name!r} has no registered key map, so its frames cannot be mapped to "
-            "the canonical frame. Add one entry under vla/data/keymaps/ (or give the LeRobot dataset a registered "
-            "robot_type whose spec matches its features)."
+        raise KeyMapError(
+            f"{reader.path}: dataset {reader.name!r} has no key map, so its frames cannot be mapped to the "
+            f"canonical frame: {no_keymap_reason(reader)} Add one entry under vla/data/keymaps/ (or give the "
+            "LeRobot dataset a registered robot_type whose spec matches its features)."
         )
     if split not in reader.splits():
         raise ValueError(f"{reader.path}: no split {split!r}; available: {reader.splits()}")

@@ -21,7 +21,13 @@ import pyarrow as pa
 
 from vla.data import video
 from vla.data.readers.base import DatasetFormatError, DatasetReader, FeatureInfo, RawEpisode
-from vla.data.readers.lerobot_meta import EpisodeRecord, LeRobotMetadata, read_json, read_parquet
+from vla.data.readers.lerobot_meta import (
+    EpisodeRecord,
+    LeRobotMetadata,
+    read_json,
+    read_parquet,
+    text_values,
+)
 
 
 class FrameIndexError(DatasetFormatError, IndexError):
@@ -245,7 +251,7 @@ class LeRobotReader(DatasetReader):
             if feature.kind == "image":
                 images[key] = table[key].combine_chunks()
             elif feature.kind == "string":
-                columns[key] = np.array(table[key].to_pylist(), dtype=object)
+                columns[key] = np.array(text_values(table[key], path, key), dtype=object)
             else:
                 values = _column_to_numpy(table[key], path, key)
                 if values.ndim == 2 and values.shape[1] == 1 and feature.shape == ():

@@ -8,6 +8,7 @@ each episode's data and videos, video ``from_timestamp``; ``stats/*`` columns ar
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,36 +37,143 @@ class EpisodeRecord:
 
 
 def read_json(path: Path, what: str) -> Any:
+    """``path`` parsed as JSON; a missing, unreadable or invalid file is a ``DatasetFormatError`` naming it."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise DatasetFormatError(
             f"{path}: missing {what}; is this a LeRobot dataset root (meta/, data/)?"
         ) from e
+    except PermissionError as e:
+        raise permission_error(path, what) from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetFormatError(f"{path}: {what} is not valid JSON ({e}); restore or re-download it") from e
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON object on each non-empty line of ``path`` (LeRobot v2.x ``meta/*.jsonl``)."""
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise DatasetFormatError(
             f"{path}: missing (LeRobot v2.x metadata); restore or re-download meta/"
         ) from e
-    except json.JSONDecodeError as e:
-        raise DatasetFormatError(f"{path}: invalid JSON line ({e}); restore or re-download it") from e
+    except PermissionError as e:
+        raise permission_error(path, "LeRobot v2.x metadata") from e
+    except UnicodeDecodeError as e:
+        raise DatasetFormatError(f"{path}: not UTF-8 text ({e}); restore or re-download it") from e
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetFormatError(
+                f"{path}: line {number} is not valid JSON ({e}); restore or re-download it"
+            ) from e
+        if not isinstance(row, dict):
+            raise DatasetFormatError(f"{path}: line {number} is not a JSON object; restore or re-download it")
+        rows.append(row)
+    return rows
+
+
+def permission_error(path: Path, what: str) -> DatasetFormatError:
+    """The error for a dataset file or folder this process may not read (not a missing or corrupt one)."""
+    return DatasetFormatError(
+        f"{path}: permission denied reading {what}; the file exists but this user may not read it. "
+        f"Fix its permissions (e.g. chmod -R a+rX {path.parent})"
+    )
 
 
 def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
+    """``path`` as an Arrow table; a missing, unreadable, truncated or corrupt file is a ``DatasetFormatError``."""
     try:
         return pq.read_table(path, columns=columns, memory_map=True)
     except FileNotFoundError as e:
         raise DatasetFormatError(f"{path}: missing {what}; restore or re-download the dataset") from e
+    except PermissionError as e:
+        raise permission_error(path, what) from e
     except (pa.ArrowException, OSError) as e:
         raise DatasetFormatError(
             f"{path}: cannot read {what} ({e}); the file is truncated or corrupt, re-download it"
         ) from e
+
+
+def read_parquet_schema(path: Path, what: str) -> list[str]:
+    """Column names of the parquet file ``path`` (errors as in ``read_parquet``)."""
+    try:
+        return pq.read_schema(path).names
+    except FileNotFoundError as e:
+        raise DatasetFormatError(f"{path}: missing {what}; restore or re-download the dataset") from e
+    except PermissionError as e:
+        raise permission_error(path, what) from e
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetFormatError(
+            f"{path}: cannot read {what} ({e}); the file is truncated or corrupt, re-download it"
+        ) from e
+
+
+def text_values(column: pa.ChunkedArray | pa.Array, path: Path, key: str) -> list[str | None]:
+    """A string or binary column as Python ``str`` (None for nulls), decoded as strict UTF-8.
+
+    Binary columns holding UTF-8 text are accepted (some exporters store text as bytes); a value that is not
+    UTF-8 is a ``DatasetFormatError`` naming the file, the column and the row, never a mojibake or
+    ``"b'...'"`` string.
+    """
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+            or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):  # fmt: skip
+        return [None if v is None else str(v) for v in column.to_pylist()]
+    large = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
+    raw = column.cast(pa.large_binary() if large else pa.binary()).to_pylist()  # no UTF-8 check in Arrow
+    out: list[str | None] = []
+    for row, value in enumerate(raw):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(value.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DatasetFormatError(
+                f"{path}: column {key!r} row {row} is not UTF-8 text ({e.reason} at byte {e.start}: "
+                f"{value[max(0, e.start - 8) : e.start + 8]!r}); rewrite the column as UTF-8 strings"
+            ) from None
+    return out
+
+
+def table_rows(table: pa.Table, path: Path, what: str) -> list[dict[str, Any]]:
+    """``table.to_pylist()``, with a text column that is not UTF-8 reported by file, column and row."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        for name in table.column_names:
+            column = table[name]
+            while pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                column = pa.chunked_array([c.flatten() for c in column.chunks], column.type.value_type)
+            text_values(column, path, name)
+        raise DatasetFormatError(f"{path}: {what} holds text that is not UTF-8; rewrite it") from None
+
+
+def list_parquet_files(folder: Path, what: str) -> list[Path]:
+    """``folder/*/*.parquet`` in name order. Unlike ``Path.glob``, an unreadable folder is an error that says
+    so, not an empty list (which would read as missing metadata)."""
+
+    def entries(p: Path) -> list[os.DirEntry]:
+        try:
+            with os.scandir(p) as it:
+                return sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            return []
+        except PermissionError as e:
+            raise permission_error(p, what) from e
+
+    return [
+        Path(f.path)
+        for d in entries(folder)
+        if d.is_dir()
+        for f in entries(Path(d.path))
+        if f.name.endswith(".parquet") and f.is_file()
+    ]
 
 
 def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +218,14 @@ class LeRobotMetadata:
             self.episodes = self._load_episodes_v3()
         else:
             rows = read_jsonl(self.path / "meta" / "tasks.jsonl")
-            self.tasks = {int(t["task_index"]): str(t["task"]) for t in rows}
+            self.tasks = {}
+            for t in rows:
+                if not isinstance(t.get("task"), str) or not isinstance(t.get("task_index"), int):
+                    raise DatasetFormatError(
+                        f"{self.path / 'meta/tasks.jsonl'}: line {t} needs an integer 'task_index' and a text "
+                        "'task'; rewrite meta/tasks.jsonl"
+                    )
+                self.tasks[t["task_index"]] = t["task"]
             self.episodes = self._load_episodes_v2()
         total = self.info.get("total_episodes")
         if total is not None and int(total) != len(self.episodes):
@@ -153,10 +268,18 @@ class LeRobotMetadata:
             raise DatasetFormatError(
                 f"{path}: needs columns 'task' and 'task_index', has {table.column_names}"
             )
-        return {int(i): str(t) for i, t in zip(table["task_index"].to_pylist(), table[text].to_pylist())}
+        texts = text_values(table[text], path, text)
+        tasks: dict[int, str] = {}
+        for i, t in zip(table["task_index"].to_pylist(), texts):
+            if i is None or t is None:
+                raise DatasetFormatError(
+                    f"{path}: a row has no task or task_index; rewrite meta/tasks.parquet"
+                )
+            tasks[int(i)] = t
+        return tasks
 
     def _load_episodes_v3(self) -> dict[int, EpisodeRecord]:
-        files = sorted((self.path / "meta" / "episodes").glob("*/*.parquet"))
+        files = list_parquet_files(self.path / "meta" / "episodes", "the episode metadata (meta/episodes/)")
         if not files:
             raise DatasetFormatError(
                 f"{self.path / 'meta/episodes'}: no episode metadata parquet files; restore meta/episodes/"
@@ -168,13 +291,13 @@ class LeRobotMetadata:
         ]
         episodes: dict[int, EpisodeRecord] = {}
         for path in files:
-            names = pq.read_schema(path).names if path.stat().st_size else []
+            names = read_parquet_schema(path, "episode metadata") if path.stat().st_size else []
             if missing := [c for c in needed if c not in names]:
                 raise DatasetFormatError(
                     f"{path}: missing column(s) {missing}; the episode metadata is incomplete or truncated"
                 )
             keep = [c for c in names if not c.startswith("stats/")]
-            for row in read_parquet(path, "episode metadata", keep).to_pylist():
+            for row in table_rows(read_parquet(path, "episode metadata", keep), path, "episode metadata"):
                 ep = int(row["episode_index"])
                 data_file = self.path / self.info["data_path"].format(
                     chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
@@ -224,7 +347,16 @@ class LeRobotMetadata:
         return dict(sorted(episodes.items()))
 
     def _parse_splits(self) -> dict[str, list[int]]:
+        """Episode indices of each split. Episode indices need not be contiguous (a dataset whose episode 3 was
+        deleted lists 0, 1, 2, 4): every episode the metadata lists is read. A single split (LeRobot writes
+        ``{"train": "0:N"}`` with N the episode count) holds every episode; with several, an episode in none of
+        them is an error rather than an episode silently left out."""
+        info_path = self.path / "meta/info.json"
         raw = self.info.get("splits") or {"train": f"0:{max(self.episodes, default=-1) + 1}"}
+        if not isinstance(raw, dict):
+            raise DatasetFormatError(
+                f"{info_path}: 'splits' must be an object like {{'train': '0:N'}}, got {raw!r}"
+            )
         splits: dict[str, list[int]] = {}
         for name, spec in raw.items():
             try:
@@ -234,7 +366,21 @@ class LeRobotMetadata:
                 else:
                     splits[name] = sorted(int(e) for e in spec if int(e) in self.episodes)
             except (ValueError, TypeError) as e:
+                raise DatasetFormatError(f"{info_path}: split {name!r} = {spec!r} is not 'start:stop'") from e
+        covered = {e for eps in splits.values() for e in eps}
+        if outside := [e for e in self.episodes if e not in covered]:
+            if len(splits) == 1:
+                only = next(iter(splits))
+                splits[only] = list(self.episodes)
+            else:
                 raise DatasetFormatError(
-                    f"{self.path / 'meta/info.json'}: split {name!r} = {spec!r} is not 'start:stop'"
-                ) from e
+                    f"{info_path}: {len(outside)} episode(s) listed in the episode metadata are in no split "
+                    f"(episode_index {outside[:8]}{' ...' if len(outside) > 8 else ''}; splits {raw}); add them "
+                    "to a split in meta/info.json so that no episode is left out silently"
+                )
         return splits
+
+    def missing_episode_indices(self) -> list[int]:
+        """Episode indices below the largest one that the metadata does not list (a gap: 0, 1, 2, 5 -> 3, 4)."""
+        top = max(self.episodes, default=-1)
+        return [e for e in range(top + 1) if e not in self.episodes]

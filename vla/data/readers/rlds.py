@@ -345,7 +345,7 @@ class RLDSReader(DatasetReader):
                 self._fail(split, episode, f, "holds numbers but features.json says bytes/text")
             if f.dtype == "str":
                 arr = np.empty(len(value), dtype=object)
-                arr[:] = [_to_str(v) for v in value]
+                arr[:] = self._texts(value, f, split, episode)
             else:  # TFDS Tensor(encoding=bytes|zlib): one raw ndarray buffer per step
                 raw = [zlib.decompress(v) if f.encoding == "zlib" else bytes(v) for v in value]
                 arr = np.frombuffer(b"".join(raw), dtype=f.dtype)
@@ -354,6 +354,10 @@ class RLDSReader(DatasetReader):
                 self._fail(split, episode, f, "holds bytes but features.json says a numeric tensor")
             arr = np.zeros(0, f.dtype)
         else:  # float64 was stored as float32 and bool as int64: cast back
+            stored = "float" if value.dtype.kind == "f" else "int64"
+            declared = "float" if np.dtype(f.dtype).kind == "f" else "int64"
+            if stored != declared and len(value):  # a cast would silently truncate floats or relabel integers
+                self._fail(split, episode, f, f"holds {stored} values but features.json declares {f.dtype}")
             arr = value != 0 if f.dtype == "bool" else value.astype(f.dtype)
         steps = 1 if n is None else n
         shape = f.shape
@@ -368,6 +372,32 @@ class RLDSReader(DatasetReader):
                 f"has {arr.size} elements; features.json shape {f.shape} x {steps} steps needs {need}",
             )
         return arr.reshape(shape if n is None else (n, *shape))
+
+    def _texts(self, values: list[memoryview], f: RLDSFeature, split: str, episode: int) -> list[str | bytes]:
+        """Per-step strings of a text feature. ``Text`` features must be UTF-8 (strict: a value that is not is an
+        error naming the record, the feature and the step, never a mojibake prompt); a ``Tensor(dtype=string)``
+        may hold binary data and keeps the bytes of a value that is not UTF-8. A value equal to the previous
+        step's is the same ``str`` object: an instruction repeated on every step is stored once in memory."""
+        out: list[str | bytes] = []
+        previous: tuple[memoryview, str | bytes] | None = None
+        for step, v in enumerate(values):
+            if previous is not None and previous[0] == v:
+                out.append(previous[1])
+                continue
+            b = bytes(v)
+            try:
+                text: str | bytes = b.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if f.cls == "Text":
+                    self._fail(
+                        split, episode, f,
+                        f"step {step} is not UTF-8 text ({e.reason} at byte {e.start}: "
+                        f"{b[max(0, e.start - 8) : e.start + 8]!r})",
+                    )  # fmt: skip
+                text = b
+            out.append(text)
+            previous = (v, text)
+        return out
 
     def _decode_image(
         self, data: memoryview, f: RLDSFeature, split: str, episode: int, frame: int
@@ -389,12 +419,3 @@ class RLDSReader(DatasetReader):
                 f"{arr.shape} != features.json shape {f.shape}; fix features.json or re-export the dataset."
             )
         return arr
-
-
-def _to_str(v: memoryview) -> str | bytes:
-    """UTF-8 text as ``str``; arbitrary binary strings (Tensor(dtype=string)) stay ``bytes``."""
-    b = bytes(v)
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return b
