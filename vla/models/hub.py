@@ -14,18 +14,22 @@ Everything needed to rebuild the model is in the folder: loading never downloads
 meta device and given the file's tensors (no random initialisation first). A hub id works too when the repository
 is in the local Hugging Face cache (``huggingface_hub.snapshot_download``).
 
-Writing is atomic: the folder is built under a hidden temporary name next to its destination; an existing folder
-is renamed aside, the new one renamed in, then the old one deleted. The hidden ``.<name>.tmp-*`` / ``.<name>.old-*``
-siblings a killed write leaves are removed by the next write to the same place (one writer per destination at a
-time).
+Writing is atomic: the folder is built under a hidden temporary name next to its destination, then swapped with an
+existing folder in one atomic exchange (``_publish``), and the old one deleted: a kill at any moment leaves the old
+or the new checkpoint complete at the destination. The hidden ``.<name>.tmp-*`` / ``.<name>.old-*`` siblings a
+killed write leaves (gigabytes each for a large model) are removed by the next write to the same place (one writer
+per destination at a time).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +40,7 @@ from safetensors.torch import save_file, save_model
 
 from vla import __version__
 from vla.embodiments import EmbodimentSpec
+from vla.faults import kill_point
 from vla.models.backbone import VLMBackbone
 from vla.models.config import ModelConfig, load_model_config
 from vla.models.meta import empty_weights, load_weights
@@ -72,6 +77,7 @@ def save_pretrained(
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     preprocessing = _check_preprocessing(getattr(model, "preprocessing", None))
+    _restore_aside(out)
     for stale in _leftovers(out):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -104,6 +110,7 @@ def save_pretrained(
         if preprocessing is not None:
             (tmp / PREPROCESSING).write_text(preprocessing)
         (tmp / "README.md").write_text(model_card(model))
+        kill_point("hub.staged")
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -112,11 +119,19 @@ def save_pretrained(
 
 
 def _publish(tmp: Path, out: Path) -> None:
-    """Rename the finished folder ``tmp`` to ``out``. An existing ``out`` is renamed aside first and deleted only
-    once the new one is in place, so a kill at any moment leaves a complete folder: ``out`` (old or new) or, between
-    the two renames, the old one aside as a hidden ``.<name>.old-*`` sibling."""
+    """Put the finished folder ``tmp`` at ``out`` so that a kill at any moment leaves a complete checkpoint there.
+
+    An existing ``out`` is swapped with ``tmp`` in one atomic exchange (Linux ``renameat2(RENAME_EXCHANGE)``), so
+    ``out`` is the old folder until the instant it is the new one; the old one, now under the hidden name, is deleted
+    afterwards. Where the exchange is unavailable the old folder is renamed aside to a hidden ``.<name>.old-*``
+    sibling first; a kill between the two renames leaves it there, and the next write to ``out`` renames it back
+    before anything else (``_restore_aside``)."""
     if not out.exists():
         os.replace(tmp, out)
+        return
+    if swap_folders(tmp, out):
+        kill_point("hub.swapped")
+        shutil.rmtree(tmp, ignore_errors=True)
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.replace(out, old)  # onto the empty directory just made: an atomic rename on POSIX
@@ -125,7 +140,36 @@ def _publish(tmp: Path, out: Path) -> None:
     except BaseException:
         os.replace(old, out)
         raise
+    kill_point("hub.swapped")
     shutil.rmtree(old, ignore_errors=True)
+
+
+def swap_folders(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` atomically (at every instant each name holds one of the two complete
+    folders); False, with nothing done, where the OS or filesystem cannot."""
+    if sys.platform != "linux":
+        return False
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+    if rename is None:
+        return False
+    rename.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if rename(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # e.g. a filesystem without exchange support
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _restore_aside(out: Path) -> None:
+    """A kill between ``_publish``'s two fallback renames leaves no ``out`` and the previous checkpoint as a hidden
+    ``.<name>.old-*`` sibling: rename it back (it is complete)."""
+    if out.exists():
+        return
+    aside = sorted(p for p in _leftovers(out) if ".old-" in p.name)
+    if aside:
+        os.replace(aside[-1], out)
 
 
 def _leftovers(out: Path) -> list[Path]:

@@ -12,8 +12,9 @@ EMA is on —, backbone/, embodiments/, norm_stats.json, preprocessing.json, REA
     COMPLETE                    written last
 
 Write protocol: everything goes into a hidden ``.step-XXXXXXX.partial`` folder; the COMPLETE marker is written and
-fsync'ed last, then one ``rename`` publishes the folder. A SIGKILL at any moment therefore leaves either the
-previous checkpoints untouched or a hidden partial folder, which the next save or start-up removes.
+fsync'ed last, then one ``rename`` publishes the folder (one atomic exchange when the step exists already, e.g. a
+resumed run that re-reaches it). A SIGKILL at any moment therefore leaves either the previous checkpoints untouched
+or a hidden partial folder, which the next save or start-up removes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
+from vla.faults import kill_point
+from vla.models.hub import swap_folders
 from vla.models.run_dir import CHECKPOINTS, COMPLETE, complete_steps, step_dir_name, step_of
 
 log = logging.getLogger(__name__)
@@ -50,10 +53,17 @@ def partial_dir(run_dir: Path, step: int) -> Path:
 
 
 def clean_partials(run_dir: Path) -> list[Path]:
-    """Remove hidden folders left by interrupted writes or deletions (``.step-*.partial``, ``.step-*.deleting``)."""
+    """Remove hidden folders left by interrupted writes or deletions (``.step-*.partial``, ``.step-*.deleting``),
+    after renaming back a complete step that a kill left aside while it was being replaced (``.step-*.replaced``)."""
     root = run_dir / CHECKPOINTS
     removed = []
     if root.is_dir():
+        for p in sorted(root.glob(".step-*.replaced")):
+            final = root / p.name[1 : -len(".replaced")]
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.replace(p, final)
         for p in root.iterdir():
             if p.name.startswith(".step-") and (p.name.endswith(".partial") or p.name.endswith(".deleting")):
                 shutil.rmtree(p, ignore_errors=True)
@@ -153,14 +163,26 @@ def publish(run_dir: Path, step: int) -> Path:
         os.close(fd)
     final = run_dir / CHECKPOINTS / step_dir_name(step)
     if final.exists():  # the same step written again (a resumed run that re-reached it): replace it whole
-        aside = final.with_name(f".{final.name}.deleting")
-        os.replace(final, aside)
-        os.replace(tmp, final)
-        shutil.rmtree(aside, ignore_errors=True)
+        _replace(tmp, final)
     else:
         os.replace(tmp, final)
     fsync_dir(final.parent)
     return final
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    """Put the complete step folder ``tmp`` in place of the complete ``final``; a kill at any moment leaves one of
+    them complete under ``final``'s name, or (fallback, between two renames) the old one as ``.<step>.replaced``,
+    which ``clean_partials`` renames back."""
+    if swap_folders(tmp, final):  # tmp now holds the old step: a leftover partial folder if killed here
+        kill_point("checkpoint.swapped")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    aside = final.with_name(f".{final.name}.replaced")
+    os.replace(final, aside)
+    kill_point("checkpoint.aside")
+    os.replace(tmp, final)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def prune(run_dir: Path, keep_last: int, keep_every: int) -> list[Path]:
