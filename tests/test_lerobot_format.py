@@ -413,7 +413,9 @@ def test_interrupted_commit_is_detected_and_finished(tmp_path: Path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         writer.add_episode(synthetic_episode(1, 25, CAMS, 6, 4, 0), TASKS[1])
     monkeypatch.undo()
-    with pytest.raises(DatasetFormatError, match=r"commit was interrupted.*LeRobotWriter"):
+    with pytest.raises(
+        DatasetFormatError, match=r"interrupted while committing an episode; re-run the vla command"
+    ):
         LeRobotReader(root)
     LeRobotWriter(root).finalize()  # opening a writer finishes the commit
     reader = LeRobotReader(root)

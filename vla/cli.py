@@ -12,7 +12,8 @@
     vla demo                                            the end-to-end tour on embedded defaults
 
 Errors in user input print one line naming what, where and the fix (exit 2); ``VLA_DEBUG=1`` shows tracebacks.
-Commands that write a dataset or checkpoint refuse an existing destination unless given ``--overwrite``.
+Commands that write a dataset or checkpoint refuse an existing destination unless given ``--overwrite``; a dataset
+the same command was writing when it was interrupted is resumed instead (re-run it to finish the dataset).
 ``vla --version``; ``python -m vla`` is the same command.
 """
 
@@ -47,6 +48,9 @@ def cmd_data_info(args: argparse.Namespace) -> int:
         _print_json(info)
         return 0
     print(f"{info['path']}\n  format:     {info['format']}\n  name:       {info['name']}")
+    if info.get("incomplete"):
+        print(f"  INCOMPLETE: holds only the episodes written before `{info['incomplete']}` was interrupted; "
+              "re-run that command to finish it")  # fmt: skip
     print(f"  embodiment: {info['embodiment'] or '(no registered key map)'}")
     if info.get("fps"):
         print(f"  fps:        {info['fps']}")
@@ -114,6 +118,7 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
         video=not args.no_video,
         vcodec=args.vcodec,
         max_episodes=args.max_episodes,
+        split=args.split,
         overwrite=args.overwrite,
     )
     print(summary)
@@ -248,6 +253,8 @@ def cmd_sim_generate(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         keep_failed=args.keep_failed,
         settle_steps=args.settle_steps,
+        vcodec=args.vcodec,
+        max_steps=args.max_steps,
     )
     counts = generate(cfg)
     print(
@@ -428,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vcodec", choices=["av1", "h264"], default="av1", help="video codec of the cameras")
     s.add_argument("--no-video", action="store_true", help="store images in parquet instead of video")
     s.add_argument("--max-episodes", type=int, default=None, help="at most this many episodes (all splits)")
+    s.add_argument("--split", default=None, help="convert only this split (default: every split)")
     s.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     s.set_defaults(fn=cmd_data_convert)
 
@@ -475,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="control steps recorded after success (release and retreat; default: 1 s of them)",
     )
+    s.add_argument("--vcodec", choices=["av1", "h264"], default="av1", help="video codec of the cameras")
+    s.add_argument("--max-steps", type=int, default=None, help="episode length limit (default: the task's)")
     s.set_defaults(fn=cmd_sim_generate)
     s = sim.add_parser("preview", help="render the scripted expert on one episode")
     s.add_argument("--embodiment", required=True)

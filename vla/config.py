@@ -96,6 +96,8 @@ class DataConfig:
     mixture: str | None = None
     data_root: str = "data"
     allow_missing: bool = False
+    # load a dataset whose writing command was interrupted (the episodes written so far)
+    allow_incomplete: bool = False
     balance_by_size: bool | None = None  # None = the mixture file's setting
     sim_fraction: float | None = (
         None  # share of samples from the mixture's `kind: sim` entries (None = weights)

@@ -15,6 +15,7 @@ episodes and frames per split, cameras kept and dropped (and why), frames and ep
 from __future__ import annotations
 
 import logging
+import shlex
 import shutil
 import sys
 from collections import Counter
@@ -25,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from vla.data.readers import DatasetReader, open_dataset
+from vla.data.readers.lerobot_meta import writing_command
+from vla.data.writers.progress import begin, finish, save_progress
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,19 @@ class ConvertSummary:
     dropped_cameras: dict[str, str] = field(default_factory=dict)
     dropped_frames: Counter[str] = field(default_factory=Counter)
     dropped_episodes: Counter[str] = field(default_factory=Counter)
+    position: int = 0  # source episodes handled (written or dropped), in conversion order
+
+    def state(self) -> dict[str, Any]:
+        """The counts as the progress record keeps them (so a resumed run reports the whole conversion)."""
+        return {"position": self.position, "splits": self.splits, "dropped_frames": dict(self.dropped_frames),
+                "dropped_episodes": dict(self.dropped_episodes)}  # fmt: skip
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from the counts of ``state`` (a progress record's; empty for a new conversion)."""
+        self.position = int(state.get("position", 0))
+        self.splits = {k: list(v) for k, v in state.get("splits", {}).items()}
+        self.dropped_frames = Counter(state.get("dropped_frames", {}))
+        self.dropped_episodes = Counter(state.get("dropped_episodes", {}))
 
     def lines(self) -> list[str]:
         """The summary as printed by ``vla data convert`` (first line: ``wrote DST``)."""
@@ -80,10 +96,14 @@ class ConvertSummary:
 
 
 def _prepare_destination(dst: Path, overwrite: bool) -> None:
-    """Refuse an existing destination unless ``overwrite`` and it holds a dataset (never a folder of other files)."""
+    """Refuse an existing destination unless it holds a dataset this command was writing (it resumes) or
+    ``overwrite`` and it holds a dataset (never a folder of other files)."""
     if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
         return
-    is_dataset = (dst / "meta" / "info.json").is_file()
+    resumable = writing_command(dst) is not None  # an interrupted run of this command: resume it
+    if resumable and not overwrite:
+        return  # progress.begin checks that this command, with these settings, wrote it
+    is_dataset = resumable or (dst / "meta" / "info.json").is_file()
     if overwrite and is_dataset:
         shutil.rmtree(dst)
         return
@@ -109,6 +129,86 @@ def _camera_plan(reader: DatasetReader, keymap: Any | None) -> tuple[dict[str, s
     return kept, dropped
 
 
+def _output_features(
+    reader: DatasetReader, keymap: Any | None, cameras: dict[str, str], splits: list[str], video: bool
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The output's features (LeRobot specs) and ``robot_type``: the canonical layout of the key map's embodiment,
+    or every numeric per-step field and camera as stored when there is no key map."""
+    from vla.data.writers.lerobot import DEFAULT_FEATURES
+
+    camera_dtype = "video" if video else "image"
+    if keymap is None:
+        features: dict[str, dict[str, Any]] = {}
+        for key, f in reader.features().items():
+            name = key.replace("/", ".")
+            if name in DEFAULT_FEATURES:  # timestamp, frame_index, ...: the writer makes its own
+                continue
+            if f.kind in ("image", "video"):
+                features[name] = {"dtype": camera_dtype, "shape": list(f.shape)}
+            elif f.kind == "tensor" and f.dtype not in ("object", "str"):
+                dtype = (
+                    "float32" if f.dtype.startswith("float") else ("bool" if f.dtype == "bool" else "int64")
+                )
+                features[name] = {"dtype": dtype, "shape": list(f.shape) or [1]}
+        return features, reader.robot_type
+    from vla.embodiments import get_embodiment
+
+    spec = get_embodiment(keymap.embodiment)
+    first = next(((s, e) for s in splits for e in range(reader.num_episodes(s))), None)
+    if first is None:
+        raise ValueError(f"{reader.path}: no episodes in split(s) {splits}; nothing to convert")
+    probe = reader.read_images(first[0], first[1], [0], list(keymap.cameras.values()))
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [spec.state_dim], "names": spec.state_names()},
+        "action": {"dtype": "float32", "shape": [spec.action_dim], "names": spec.action_names()},
+    }
+    for name, key in cameras.items():
+        features[name] = {"dtype": camera_dtype, "shape": list(probe[key].shape[1:])}
+    return features, keymap.embodiment
+
+
+def _resume_command(src: str | Path, dst: Path, settings: dict[str, Any]) -> str:
+    """The ``vla data convert`` command line that runs (or resumes) this conversion from any folder."""
+    args = ["vla", "data", "convert", str(Path(src).resolve()), str(dst.resolve()), "--to", settings["to"]]
+    if settings["vcodec"] != "av1":
+        args += ["--vcodec", settings["vcodec"]]
+    if not settings["video"]:
+        args.append("--no-video")
+    if settings["max_episodes"] is not None:
+        args += ["--max-episodes", str(settings["max_episodes"])]
+    if settings["split"] is not None:
+        args += ["--split", settings["split"]]
+    return shlex.join(args)
+
+
+def _convert_episode(
+    reader: DatasetReader,
+    split: str,
+    episode: int,
+    keymap: Any | None,
+    cameras: dict[str, str],
+    features: dict[str, dict[str, Any]],
+    summary: ConvertSummary,
+) -> tuple[dict[str, np.ndarray], list[str] | str] | None:
+    """One source episode as output frames ``{feature: [T, *shape]}`` and its task strings (None when the key map
+    leaves no frame of it); ``summary`` counts what was dropped."""
+    if keymap is None:
+        return _frames_as_stored(reader, split, episode, features)
+    from vla.data.standardize import standardize_episode
+
+    std = standardize_episode(reader, split, episode, keymap)
+    summary.dropped_frames.update(std.metadata.get("dropped", {}))
+    if len(std.frames) == 0:
+        why = "no frames left after standardization"
+        log.info("%s: %s episode %d: %s; skipped", reader.path, split, episode, why)
+        summary.dropped_episodes[why] += 1
+        return None
+    imgs = reader.read_images(split, episode, std.frames.tolist(), list(keymap.cameras.values()))
+    frames = {"observation.state": std.state, "action": std.action}
+    frames |= {name: imgs[key] for name, key in cameras.items()}
+    return frames, list(std.prompt)
+
+
 def convert_dataset(
     src: str | Path,
     dst: str | Path,
@@ -123,87 +223,69 @@ def convert_dataset(
 ) -> ConvertSummary:
     """Convert ``src`` into a LeRobot v3.0 dataset at ``dst``; returns what was written (``ConvertSummary``).
 
-    ``dst`` must not exist yet (or be an empty folder); ``overwrite`` replaces an existing dataset there. Every
-    split is kept (``split`` restricts to one); ``max_episodes`` caps the episodes over all splits. ``progress``:
-    a progress bar on stderr (``None``: only when stderr is a terminal).
+    ``dst`` must not exist yet (or be an empty folder), or hold a conversion this same call was writing when it was
+    interrupted: it resumes where that one stopped and gives the same files an uninterrupted run gives (until it
+    finishes, the dataset is marked incomplete, see ``vla.data.writers.progress``). ``overwrite`` replaces an
+    existing dataset there. Every split is kept (``split`` restricts to one); ``max_episodes`` caps the episodes
+    over all splits. ``progress``: a progress bar on stderr (``None``: only when stderr is a terminal).
     """
     if to != "lerobot":
         raise ValueError(f"--to {to!r}: only 'lerobot' (LeRobot v3.0) is supported")
     from tqdm import tqdm
 
-    from vla.data.standardize import keymap_for, standardize_episode
-    from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
+    from vla.data.standardize import keymap_for
+    from vla.data.writers.lerobot import LeRobotWriter
 
     dst = Path(dst)
     reader = open_dataset(src)
+    if reader.incomplete:
+        raise ValueError(
+            f"{src} is incomplete: `{reader.incomplete}` was interrupted; re-run it to finish it, then convert"
+        )
     _prepare_destination(dst, overwrite)
+    settings = {"source": str(Path(src).resolve()), "to": to, "video": video, "vcodec": vcodec,
+                "max_episodes": max_episodes, "split": split}  # fmt: skip
+    record = begin(
+        dst,
+        _resume_command(src, dst, settings),
+        settings,
+        replace_hint=" (or pass --overwrite to replace it)",
+    )
     keymap = keymap_for(reader)
     splits = [split] if split else reader.splits()
-    feats = reader.features()
     cameras, dropped_cameras = _camera_plan(reader, keymap)
-    if keymap is not None:
-        from vla.embodiments import get_embodiment
-
-        spec = get_embodiment(keymap.embodiment)
-        first = next(((s, e) for s in splits for e in range(reader.num_episodes(s))), None)
-        if first is None:
-            raise ValueError(f"{reader.path}: no episodes in split(s) {splits}; nothing to convert")
-        probe = reader.read_images(first[0], first[1], [0], list(keymap.cameras.values()))
-        features: dict[str, dict[str, Any]] = {
-            "observation.state": {"dtype": "float32", "shape": [spec.state_dim], "names": spec.state_names()},
-            "action": {"dtype": "float32", "shape": [spec.action_dim], "names": spec.action_names()},
-        }
-        for name, key in cameras.items():
-            features[name] = {"dtype": "video" if video else "image", "shape": list(probe[key].shape[1:])}
-        robot_type = keymap.embodiment
-    else:
-        features = {}
-        for key, f in feats.items():
-            name = key.replace("/", ".")
-            if name in DEFAULT_FEATURES:  # timestamp, frame_index, ...: the writer makes its own
-                continue
-            if f.kind in ("image", "video"):
-                features[name] = {"dtype": "video" if video else "image", "shape": list(f.shape)}
-            elif f.kind == "tensor" and f.dtype not in ("object", "str"):
-                dtype = (
-                    "float32" if f.dtype.startswith("float") else ("bool" if f.dtype == "bool" else "int64")
-                )
-                features[name] = {"dtype": dtype, "shape": list(f.shape) or [1]}
-        robot_type = reader.robot_type
+    features, robot_type = _output_features(reader, keymap, cameras, splits, video)
     summary = ConvertSummary(dst, str(src), cameras=cameras, dropped_cameras=dropped_cameras)
+    summary.restore(record.state)
     todo = [(s, e) for s in splits for e in range(reader.num_episodes(s))][:max_episodes]
     show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(todo, desc=f"convert {reader.name}", unit="ep", disable=not show)
-    with LeRobotWriter(
-        dst, _fps(reader, keymap), features, robot_type=robot_type, video=video, vcodec=vcodec, mode="create"
-    ) as writer:
-        for s, ep in bar:
-            meta = {
-                "source_split": s,
-                "source_episode": ep,
-                **writer_episode_metadata(reader.episode_metadata(s, ep)),
-            }
-            if keymap is not None:
-                std = standardize_episode(reader, s, ep, keymap)
-                summary.dropped_frames.update(std.metadata.get("dropped", {}))
-                if len(std.frames) == 0:
-                    why = "no frames left after standardization"
-                    log.info("%s: %s episode %d: %s; skipped", src, s, ep, why)
-                    summary.dropped_episodes[why] += 1
-                    continue
-                imgs = reader.read_images(s, ep, std.frames.tolist(), list(keymap.cameras.values()))
-                frames = {"observation.state": std.state, "action": std.action}
-                frames |= {name: imgs[key] for name, key in cameras.items()}
-                tasks: list[str] | str = list(std.prompt)
+    bar = tqdm(
+        total=len(todo), initial=summary.position, desc=f"convert {reader.name}", unit="ep", disable=not show
+    )
+    with LeRobotWriter(dst, _fps(reader, keymap), features, robot_type=robot_type, video=video, vcodec=vcodec,
+                       mode="append") as writer:  # fmt: skip
+        writer.progress = record  # committed with each episode: a re-run resumes after the last one on disk
+        for s, ep in todo[summary.position :]:
+            converted = _convert_episode(reader, s, ep, keymap, cameras, features, summary)
+            summary.position += 1
+            if converted is not None:
+                frames, tasks = converted
+                counts = summary.splits.setdefault(s, [0, 0])
+                counts[0], counts[1] = counts[0] + 1, counts[1] + len(next(iter(frames.values())))
+            record.state = summary.state()
+            if converted is None:
+                save_progress(dst, record)
             else:
-                frames, tasks = _frames_as_stored(reader, s, ep, features)
-            writer.add_episode(frames, tasks, meta, split=s)
-            counts = summary.splits.setdefault(s, [0, 0])
-            counts[0], counts[1] = counts[0] + 1, counts[1] + len(next(iter(frames.values())))
+                meta = {"source_split": s, "source_episode": ep,
+                        **writer_episode_metadata(reader.episode_metadata(s, ep))}  # fmt: skip
+                writer.add_episode(frames, tasks, meta, split=s)
+            bar.update(1)
+    bar.close()
     if not summary.splits:
         raise ValueError(
             f"{src}: no episode was converted ({dict(summary.dropped_episodes) or 'no episodes'})"
         )
+    finish(dst, record)
     return summary
 
 

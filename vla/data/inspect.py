@@ -51,7 +51,8 @@ def _is_image(value: Any) -> bool:
 
 
 def dataset_info(path: str | Path) -> dict[str, Any]:
-    """Format, splits, episodes, frames, features and (when a key map exists) embodiment of a dataset."""
+    """Format, splits, episodes, frames, features, (when a key map exists) embodiment of a dataset, and
+    ``incomplete``: the command that finishes it when the command writing it was interrupted (else None)."""
     from vla.data.standardize import keymap_for
 
     reader = open_dataset(path)
@@ -59,6 +60,7 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
     km = keymap_for(reader)
     info["key_map"] = km.dataset if km is not None else None
     info["embodiment"] = km.embodiment if km is not None else None
+    info["incomplete"] = reader.incomplete  # the command to re-run when its writing was interrupted
     return info
 
 

@@ -363,10 +363,19 @@ def _stats_keys(stats: StatsFile, sources: Sequence[Source], per_dataset: bool) 
     }
 
 
-def _split_source(path: str | Path, split: str, opts: Any, val_episodes: int, held_out: bool) -> Source:
+def _split_source(
+    path: str | Path, split: str, opts: Any, val_episodes: int, held_out: bool, allow_incomplete: bool
+) -> Source:
     """``build_source`` of one dataset split, without its last ``val_episodes`` episodes (``held_out``: only
-    them). Episodes are dropped by zeroing their kept-frame counts, so sample indices never reach them."""
-    src = build_source(open_dataset(path), split, options=opts)
+    them). Episodes are dropped by zeroing their kept-frame counts, so sample indices never reach them. A dataset
+    whose writing command was interrupted is refused unless ``allow_incomplete``."""
+    reader = open_dataset(path)
+    if reader.incomplete and not allow_incomplete:
+        raise ValueError(
+            f"{reader.path} is incomplete: `{reader.incomplete}` was interrupted, so it holds only the episodes "
+            "written so far. Re-run that command to finish it, or set data.allow_incomplete=true to train on them"
+        )
+    src = build_source(reader, split, options=opts)
     if not val_episodes and not held_out:
         return src
     n = len(src.lengths)
@@ -401,10 +410,13 @@ def _rehearsal_loader(
         )
     rank, world_size = _rank_world(rank, world_size)
     opts = standardize_options(cfg)
-    new = [_split_source(p, cfg.split, opts, cfg.val_episodes, held_out) for p in cfg.datasets]
+    new = [
+        _split_source(p, cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete)
+        for p in cfg.datasets
+    ]
     old_mix = resolve_mixture(rehearsal.mixture, rehearsal.data_root or cfg.data_root)
     old = [
-        _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out)
+        _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete)
         for d in old_mix.datasets
     ]
     sources = [*new, *old]
@@ -544,7 +556,9 @@ def build_loader(
         if resolved.message:
             log.warning("%s", resolved.message)
         sources = [
-            _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out)
+            _split_source(
+                d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete
+            )
             for d in resolved.datasets
         ]
         stream = resolved.sampler(
@@ -555,7 +569,10 @@ def build_loader(
             world_size=world_size,
         )
     else:
-        sources = [_split_source(p, cfg.split, opts, cfg.val_episodes, held_out) for p in cfg.datasets]
+        sources = [
+            _split_source(p, cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete)
+            for p in cfg.datasets
+        ]
     for src in sources:
         if src.num_samples == 0:
             raise ValueError(

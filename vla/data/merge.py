@@ -13,6 +13,7 @@ video file, as the writer does for any episode whose stream does not match the c
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -27,8 +28,10 @@ from tqdm import tqdm
 from vla.data import video
 from vla.data.convert import writer_episode_metadata
 from vla.data.readers.lerobot import LeRobotReader
+from vla.data.readers.lerobot_meta import writing_command
 from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
 from vla.data.writers.lerobot_episode import EncodedEpisode
+from vla.data.writers.progress import begin, finish
 
 VideoStats = dict[str, dict[str, np.ndarray]]  # video key -> stat name -> array
 
@@ -143,6 +146,49 @@ def _episodes_by_split(readers: list[LeRobotReader]) -> list[tuple[str, LeRobotR
     return items
 
 
+def _prepare_out(out: Path, sources: list[str | Path], overwrite: bool) -> None:
+    """Refuse an ``out`` that is a source or a non-empty folder, unless it holds a merge this command was writing
+    (it resumes) or ``overwrite`` and it holds a dataset."""
+    if out.resolve() in {Path(s).resolve() for s in sources}:
+        raise FileExistsError(f"--out {out} is one of the sources; merge into a new folder")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    resumable = writing_command(out) is not None  # an interrupted run of this command: resume it
+    if resumable and not overwrite:
+        return  # progress.begin checks that this command, with these sources, wrote it
+    is_dataset = resumable or (out / "meta" / "info.json").is_file()
+    if not (overwrite and is_dataset):
+        raise FileExistsError(
+            f"{out} exists and is not empty; choose a new --out"
+            + (" (or pass --overwrite to replace the dataset there)" if is_dataset else "")
+        )
+    shutil.rmtree(out)
+
+
+def _open_sources(sources: list[str | Path]) -> list[LeRobotReader]:
+    """The sources' readers: complete datasets (a merge of an interrupted shard would look complete while missing
+    its episodes) with the same features."""
+    readers = [LeRobotReader(s) for s in sources]
+    for r in readers:
+        if r.incomplete:
+            raise ValueError(
+                f"{r.path} is incomplete: `{r.incomplete}` was interrupted; re-run it to finish it, then merge"
+            )
+    for r in readers[1:]:
+        if diff := _feature_difference(readers[0], r):
+            raise ValueError(
+                f"{r.path} and {readers[0].path} differ in {diff}; only datasets with the same features merge"
+            )
+    return readers
+
+
+def _resume_command(sources: list[str | Path], out: Path) -> str:
+    """The ``vla data merge`` command line that runs (or resumes) this merge from any folder."""
+    return shlex.join(
+        ["vla", "data", "merge", *(str(Path(s).resolve()) for s in sources), "--out", str(out.resolve())]
+    )
+
+
 def merge_datasets(
     sources: list[str | Path], out: str | Path, *, overwrite: bool = False, progress: bool | None = None
 ) -> MergeSummary:
@@ -151,35 +197,22 @@ def merge_datasets(
     Every split is kept (the sources' episodes of a split together). Episodes are ordered by their ``sim_index``
     when every source has one (so merged shards equal a single-run dataset), else source by source; episode
     metadata is kept. Videos are stream-copied where possible (see the module docstring), low-dim features
-    rewritten. ``overwrite`` replaces a dataset already at ``out``; ``progress``: a progress bar on stderr
-    (``None``: only when stderr is a terminal).
+    rewritten. ``overwrite`` replaces a dataset already at ``out``; an ``out`` this same merge was writing when it
+    was interrupted is resumed (the same files as an uninterrupted run; marked incomplete until it finishes, see
+    ``vla.data.writers.progress``). ``progress``: a progress bar on stderr (``None``: only when stderr is a
+    terminal).
     """
     out = Path(out)
-    resolved = {Path(s).resolve() for s in sources}
-    if out.resolve() in resolved:
-        raise FileExistsError(f"--out {out} is one of the sources; merge into a new folder")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not (overwrite and (out / "meta" / "info.json").is_file()):
-            raise FileExistsError(
-                f"{out} exists and is not empty; choose a new --out"
-                + (
-                    " (or pass --overwrite to replace the dataset there)"
-                    if (out / "meta" / "info.json").is_file()
-                    else ""
-                )
-            )
-        shutil.rmtree(out)
-    readers = [LeRobotReader(s) for s in sources]
-    for r in readers[1:]:
-        if diff := _feature_difference(readers[0], r):
-            raise ValueError(
-                f"{r.path} and {readers[0].path} differ in {diff}; only datasets with the same features merge"
-            )
+    _prepare_out(out, sources, overwrite)
+    readers = _open_sources(sources)
+    identity = {"sources": [str(Path(s).resolve()) for s in sources]}
+    record = begin(
+        out, _resume_command(sources, out), identity, replace_hint=" (or pass --overwrite to replace it)"
+    )
     items = _episodes_by_split(readers)
     info = readers[0].lerobot_info()
     user = {k: v for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     keys = [k for k, ft in user.items() if ft["dtype"] == "video"]
-    cameras = [k for k, ft in user.items() if ft["dtype"] in ("video", "image")]  # decoded when not copied
     blocker, codec = _copy_plan(readers, keys) if keys else ("no videos", "")
     copy = blocker is None
     settings: dict[str, Any] = {}
@@ -189,37 +222,65 @@ def merge_datasets(
         settings |= {name: enc[f"video.{k}"] for name, k in (("crf", "crf"), ("gop", "g"), ("preset", "preset"))
                      if enc.get(f"video.{k}") is not None}  # fmt: skip
     stats = {r.path: _video_stats(r, keys) for r in readers} if copy else {}
-    copied, reasons = 0, [] if copy else [blocker]
+    state = {"position": 0, "copied": 0, "reasons": [] if copy else [blocker]} | record.state
     show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(
+        total=len(items), initial=state["position"], desc=f"merge -> {out.name}", unit="ep", disable=not show
+    )
     # cameras stay stored as the sources store them (PNG images stay lossless images, videos stay videos)
-    with LeRobotWriter(out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="create",
+    with LeRobotWriter(out, fps=info["fps"], features=user, robot_type=info.get("robot_type"), mode="append",
                        video=bool(keys), **settings) as w:  # fmt: skip
-        for split, r, e, meta in tqdm(items, desc=f"merge -> {out.name}", unit="ep", disable=not show):
-            raw = r.read_episode(split, e)
-            tasks, metadata = [str(t) for t in raw.steps["task"]], writer_episode_metadata(meta)
-            if copy:
-                ep_stats = stats[r.path].get(r.meta.splits[split][e], {})
-                videos, why = _cut_episode(r, split, e, keys, ep_stats)
-                if why is None:
-                    frames = {k: raw.steps[k] for k in user if k not in keys}
-                    episode = EncodedEpisode(raw.length, frames, videos, {k: ep_stats[k] for k in keys},
-                                             video.available_encoder(codec), float(info["fps"]))  # fmt: skip
-                    w.add_encoded_episode(episode, tasks, metadata, split=split)
-                    copied += 1
-                    continue
-                reasons.append(why)
-            imgs = r.read_images(split, e, list(range(raw.length)), cameras)
-            w.add_episode(
-                {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}, tasks, metadata, split=split
+        w.progress = record  # committed with each episode: a re-run resumes after the last one on disk
+        for split, r, e, meta in items[state["position"] :]:
+            episode, tasks, why = _source_episode(
+                r, split, e, user, stats.get(r.path) if copy else None, codec
             )
-    reencoded = len(items) - copied if keys else 0
-    shown = list(dict.fromkeys(reasons))
+            state["position"] += 1
+            state["copied"] += isinstance(episode, EncodedEpisode)
+            if why is not None and why not in state["reasons"]:
+                state["reasons"].append(why)
+            record.state = state  # committed with the episode
+            if isinstance(episode, EncodedEpisode):
+                w.add_encoded_episode(episode, tasks, writer_episode_metadata(meta), split=split)
+            else:
+                w.add_episode(episode, tasks, writer_episode_metadata(meta), split=split)
+            bar.update(1)
+    bar.close()
+    finish(out, record)
+    reencoded = len(items) - state["copied"] if keys else 0
+    shown = state["reasons"]
     reason = (
         "; ".join(shown[:3]) + (f"; ... ({len(shown) - 3} more)" if len(shown) > 3 else "")
         if reencoded
         else None
     )
-    return MergeSummary(out, len(items), copied, reencoded, reason)
+    return MergeSummary(out, len(items), state["copied"], reencoded, reason)
+
+
+def _source_episode(
+    reader: LeRobotReader,
+    split: str,
+    episode: int,
+    user: dict[str, dict[str, Any]],
+    stats: dict[int, VideoStats] | None,
+    codec: str,
+) -> tuple[EncodedEpisode | dict[str, np.ndarray], list[str], str | None]:
+    """One source episode ready to append: an ``EncodedEpisode`` with its videos cut out of the source's files when
+    ``stats`` (the source's recorded image stats; None: the sources cannot be stream-copied) and the cut works,
+    else its decoded frames ``{feature: [T, *shape]}``; plus its task strings and why its videos were not copied."""
+    keys = [k for k, ft in user.items() if ft["dtype"] == "video"]
+    raw = reader.read_episode(split, episode)
+    tasks, why = [str(t) for t in raw.steps["task"]], None
+    if stats is not None:
+        ep_stats = stats.get(reader.meta.splits[split][episode], {})
+        videos, why = _cut_episode(reader, split, episode, keys, ep_stats)
+        if why is None:
+            frames = {k: raw.steps[k] for k in user if k not in keys}
+            return EncodedEpisode(raw.length, frames, videos, {k: ep_stats[k] for k in keys},
+                                  video.available_encoder(codec), float(reader.fps)), tasks, None  # fmt: skip
+    cameras = [k for k, ft in user.items() if ft["dtype"] in ("video", "image")]  # decoded when not copied
+    imgs = reader.read_images(split, episode, list(range(raw.length)), cameras)
+    return {k: (imgs[k] if k in imgs else raw.steps[k]) for k in user}, tasks, why
 
 
 __all__ = ["MergeSummary", "merge_datasets"]

@@ -149,6 +149,10 @@ def validate_dataset(
 
     keymap = keymap_for(reader)
     problems: list[Problem] = []
+    if reader.incomplete:
+        problems.append(Problem("incomplete", str(reader.path),
+                                f"`{reader.incomplete}` was interrupted; the dataset holds only the episodes written so far.",
+                                "re-run that command to finish it"))  # fmt: skip
     problems.extend(metadata_problems(reader))
     # standardized state/action stats per embodiment, accumulated as we go (no frames kept in memory)
     per_embodiment: dict[str, dict[str, RunningStats]] = {}

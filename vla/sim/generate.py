@@ -31,6 +31,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import shlex
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from vla.data.writers.progress import WriteProgress, begin, finish, read_progress, save_progress
+
 log = logging.getLogger(__name__)
-PROGRESS_FILE = "vla_sim_progress.json"
 #: Seconds of control steps recorded after the success detector fires (release and retreat), by default.
 SETTLE_SECONDS = 1.0
 
@@ -198,20 +200,45 @@ def _worker(args: tuple[GenerateConfig, int]) -> dict[str, Any]:
 
 
 # ---- the run ----------------------------------------------------------------------------------------------
-def _progress(out: Path) -> dict[str, Any]:
-    p = out / "meta" / PROGRESS_FILE
-    return json.loads(p.read_text()) if p.is_file() else {}
+#: the progress file of datasets generated before every writing command shared ``vla.data.writers.progress``
+LEGACY_PROGRESS_FILE = "vla_sim_progress.json"
+_FLAGS = {"workers": "--workers", "seed": "--seed", "randomization": "--randomization", "image_size": "--image-size",
+          "shard": "--shard", "num_shards": "--num-shards", "settle_steps": "--settle-steps", "vcodec": "--vcodec",
+          "max_steps": "--max-steps"}  # fmt: skip
 
 
-def _save_progress(out: Path, progress: dict[str, Any]) -> None:
-    p = out / "meta" / PROGRESS_FILE
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(progress))
-    os.replace(tmp, p)
+def resume_command(cfg: GenerateConfig) -> str:
+    """The ``vla sim generate`` command line that runs (or resumes) ``cfg`` from any folder."""
+    args = ["vla", "sim", "generate", "--embodiment", cfg.embodiment, "--task", cfg.task,
+            "--episodes", str(cfg.episodes), "--out", str(Path(cfg.out).resolve())]  # fmt: skip
+    defaults = GenerateConfig(cfg.embodiment, cfg.task, cfg.episodes, cfg.out)
+    for name, flag in _FLAGS.items():
+        if (value := getattr(cfg, name)) != getattr(defaults, name):
+            args += [flag, str(value)]
+    return shlex.join([*args, *(["--keep-failed"] if cfg.keep_failed else [])])
+
+
+def _begin(out: Path, cfg: GenerateConfig) -> WriteProgress:
+    """``progress.begin`` for this run; a dataset an older vla started keeps its record of dropped episodes."""
+    legacy = out / "meta" / LEGACY_PROGRESS_FILE
+    if legacy.is_file() and read_progress(out) is None:
+        old = json.loads(legacy.read_text())
+        if old.get("config") != cfg.identity():
+            raise ValueError(
+                f"{out} was generated with {old.get('config')}; these settings differ ({cfg.identity()}). "
+                "Use a new --out, or the same settings to resume."
+            )
+        save_progress(
+            out, WriteProgress(resume_command(cfg), cfg.identity(), state={"dropped": old["dropped"]})
+        )
+        legacy.unlink()
+    progress = begin(out, resume_command(cfg), cfg.identity())
+    progress.state.setdefault("dropped", [])
+    return progress
 
 
 def _written_indices(out: Path) -> set[int]:
+    """The ``sim_index`` of every episode already in the dataset (read after ``_begin`` recovered it)."""
     if not (out / "meta" / "info.json").is_file():
         return set()
     from vla.data.readers.lerobot import LeRobotReader
@@ -239,14 +266,8 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
     from vla.data.writers.lerobot import LeRobotWriter
 
     out = Path(cfg.out)
-    progress = _progress(out)
-    if progress and progress.get("config") != cfg.identity():
-        raise ValueError(
-            f"{out} was generated with {progress.get('config')}; these settings differ ({cfg.identity()}). "
-            "Use a new --out, or the same settings to resume."
-        )
-    progress = {"config": cfg.identity(), "dropped": progress.get("dropped", [])}
-    done = _written_indices(out) | set(progress["dropped"])
+    progress = _begin(out, cfg)
+    done = _written_indices(out) | set(progress.state["dropped"])
     todo = [i for i in shard_range(cfg.episodes, cfg.shard, cfg.num_shards) if i not in done]
     counts = {
         "written": 0,
@@ -255,6 +276,7 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
         "out": str(out),
     }
     if not todo:
+        finish(out, progress)
         return counts
     pool = mp.get_context("spawn").Pool(cfg.workers) if cfg.workers > 1 else None
     results: Iterator[dict[str, Any]] = (
@@ -282,12 +304,13 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
                         vcodec=cfg.vcodec,
                         mode="append",
                     )
+                    writer.progress = progress  # committed with each episode
                 writer.add_encoded_episode(res["episode"], res["task"], res["metadata"])
                 counts["written"] += 1
             else:
-                progress["dropped"].append(res["index"])
+                progress.state["dropped"].append(res["index"])
+                save_progress(out, progress)
                 counts["dropped"] += 1
-            _save_progress(out, progress)
             bar.update(1)
             bar.set_postfix(kept=counts["written"], dropped=counts["dropped"])
     except KeyboardInterrupt:
@@ -303,4 +326,5 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
             pool.terminate()
         if writer is not None:
             writer.finalize()
+    finish(out, progress)
     return counts

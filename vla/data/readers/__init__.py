@@ -13,7 +13,7 @@ def detect_format(path: str | Path) -> str:
     p = Path(path)
     if not p.exists():
         raise DatasetFormatError(f"{p}: no such file or directory. Pass the dataset's root folder.")
-    if (p / "meta" / "info.json").is_file():
+    if (p / "meta" / "info.json").is_file() or _being_written(p):
         return "lerobot"
     if (p / "dataset_info.json").is_file() or rlds_version_dir(p) is not None:
         return "rlds"
@@ -21,6 +21,13 @@ def detect_format(path: str | Path) -> str:
         f"{p}: not a recognised dataset. Expected a LeRobot dataset (meta/info.json) or an RLDS/TFDS directory "
         f"(dataset_info.json + features.json + *.tfrecord-*), possibly in a version folder like {p}/1.0.0."
     )
+
+
+def _being_written(p: Path) -> bool:
+    """A LeRobot dataset whose first episode is not committed yet (its writer's progress record or commit exists)."""
+    from vla.data.readers.lerobot_meta import PROGRESS_FILE, STAGING_DIR
+
+    return (p / "meta" / PROGRESS_FILE).is_file() or (p / STAGING_DIR / "COMMIT").is_file()
 
 
 def version_key(name: str) -> tuple:

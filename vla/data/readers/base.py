@@ -86,6 +86,12 @@ class DatasetReader(ABC):
         """Robot/embodiment name when the format stores it (LeRobot ``robot_type``)."""
         return None
 
+    @property
+    def incomplete(self) -> str | None:
+        """The command that finishes this dataset when the command writing it was interrupted (it holds only the
+        episodes written so far); None for a complete dataset."""
+        return None
+
     # ---- structure ------------------------------------------------------------------------------------
     @abstractmethod
     def splits(self) -> list[str]: ...

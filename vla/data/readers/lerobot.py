@@ -97,6 +97,10 @@ class LeRobotReader(DatasetReader):
     def robot_type(self) -> str | None:
         return self._info.get("robot_type")
 
+    @property
+    def incomplete(self) -> str | None:
+        return self.meta.incomplete
+
     def lerobot_info(self) -> dict[str, Any]:
         """``meta/info.json`` as stored."""
         return self._info

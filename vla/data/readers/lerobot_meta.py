@@ -21,6 +21,8 @@ from vla.data.readers.base import DatasetFormatError, FeatureInfo
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 STAGING_DIR = ".vla_staging"  # written by vla.data.writers.lerobot; a COMMIT file there = interrupted write
+# meta/: the record of the command writing the dataset (vla.data.writers.progress)
+PROGRESS_FILE = "vla_progress.json"
 _EPISODE_COLUMNS = ("episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index")
 _STRUCTURAL_PREFIXES = ("data/", "videos/", "meta/", "stats/")
 
@@ -188,15 +190,41 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def writing_command(path: Path) -> str | None:
+    """The command recorded in ``meta/vla_progress.json`` while it has not finished writing the dataset at ``path``
+    (None: no record, or the write completed)."""
+    record = path / "meta" / PROGRESS_FILE
+    if not record.is_file():
+        return None
+    try:
+        progress = json.loads(record.read_text())
+        return None if progress["complete"] else str(progress["command"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise DatasetFormatError(
+            f"{record}: not a valid progress record ({e}); re-create the dataset with the command that wrote it"
+        ) from e
+
+
 class LeRobotMetadata:
     """Everything under ``meta/`` of a LeRobot dataset at ``path``, validated."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        #: the command that finishes this dataset when its writing was interrupted, else None
+        self.incomplete: str | None = writing_command(self.path)
         if (self.path / STAGING_DIR / "COMMIT").exists():
+            fix = (
+                f"re-run `{self.incomplete}` to finish it"
+                if self.incomplete
+                else "re-run the vla command that was writing it, with the same arguments, to finish it"
+            )
             raise DatasetFormatError(
-                f"{self.path}: a LeRobotWriter commit was interrupted; open the dataset once with "
-                "vla.data.writers.lerobot.LeRobotWriter(path) to finish it"
+                f"{self.path}: a write was interrupted while committing an episode; {fix}"
+            )
+        if self.incomplete and not (self.path / "meta" / "info.json").is_file():
+            raise DatasetFormatError(
+                f"{self.path}: no episode written yet (the command writing it was interrupted); re-run "
+                f"`{self.incomplete}` to write the dataset"
             )
         self.info: dict[str, Any] = read_json(self.path / "meta" / "info.json", "meta/info.json")
         self.version = str(self.info.get("codebase_version", "<missing>"))

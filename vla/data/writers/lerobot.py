@@ -8,8 +8,9 @@ Writes exactly what LeRobot 0.6's own writer does, so ``LeRobotDataset(repo_id, 
 
 Camera frames are encoded per episode (``lerobot_episode.encode_episode``, in the caller's process or already
 done elsewhere: ``add_encoded_episode``) and stream-copied onto the camera's current file.
-Every saved episode is committed atomically (:mod:`vla.data.writers.staging`): a crash or Ctrl-C mid-episode
-leaves a valid dataset of the finished episodes, and opening a writer on it again resumes (appends).
+Every saved episode is committed atomically (:mod:`vla.data.writers.staging`): a crash, Ctrl-C or SIGKILL
+mid-episode leaves the finished episodes, and opening a writer on the dataset again finishes a commit a kill
+interrupted and resumes (appends). A writing command's progress record (``progress``) goes in the same commit.
 Files are rewritten per episode, so besides LeRobot's size limits a file also rolls over at
 ``max_frames_per_file`` frames to bound the cost of an episode commit. A camera's file also rolls over when an
 episode's stream differs from the file's in ``video.stream_signature`` (codec headers, size, ...; e.g. an
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vla.data import video
+from vla.data.readers.lerobot_meta import PROGRESS_FILE
 from vla.data.writers.lerobot_episode import (
     EncodedEpisode,
     aggregate_stats,
@@ -40,6 +42,7 @@ from vla.data.writers.lerobot_episode import (
     episode_stats,
     write_parquet,
 )
+from vla.data.writers.progress import WriteProgress
 from vla.data.writers.staging import commit, recover, stage_dir, staging_committed
 
 CODEBASE_VERSION = "v3.0"
@@ -111,6 +114,8 @@ class LeRobotWriter:
         self._max_frames = max_frames_per_file
         self._buffer: list[dict[str, Any]] = []
         self._closed = False
+        #: the writing command's progress record, committed with every episode (``vla.data.writers.progress``)
+        self.progress: WriteProgress | None = None
         if (self.root / "meta" / "info.json").exists():
             if mode == "create":
                 raise FileExistsError(
@@ -365,6 +370,8 @@ class LeRobotWriter:
     def _write_episode(
         self, episode: EncodedEpisode, tasks: list[str], metadata: dict[str, Any], split: str = "train"
     ) -> int:
+        """Commit one episode: stage every file it changes (data, videos, episode row, tasks, stats, info and the
+        writing command's progress record), then move them into place together (``staging.commit``)."""
         if self._closed:
             raise RuntimeError(f"{self.root}: writer already finalized")
         extra = _flatten(metadata)
@@ -374,118 +381,181 @@ class LeRobotWriter:
             )
         ep, length = self.num_episodes, len(tasks)
         splits = self._splits_with(split, ep)
-        fps, start = self.info["fps"], int(self.info["total_frames"])
         stage = stage_dir(self.root, f"episode-{ep:06d}")
         staged: dict[str, Path] = {}  # final path (relative to root) -> staged file
         try:
             new_tasks = dict(self._tasks)
             for t in tasks:
                 new_tasks.setdefault(t, len(new_tasks))
-            columns = dict(episode.frames)
-            columns |= {
-                "timestamp": (np.arange(length) / fps).astype(np.float32), "frame_index": np.arange(length),
-                "episode_index": np.full(length, ep), "index": np.arange(start, start + length),
-                "task_index": np.array([new_tasks[t] for t in tasks]),
-            }  # fmt: skip
-            low_dim = episode_stats(
-                columns, {k: ft for k, ft in self.features.items() if k not in episode.videos}
-            )
-            ep_stats = {k: episode.video_stats[k] if k in episode.videos else low_dim[k]
-                        for k in self.features if k in episode.videos or k in low_dim}  # fmt: skip
+            columns = self._columns(episode, tasks, new_tasks, ep)
             row: dict[str, Any] = {"episode_index": ep, "tasks": list(dict.fromkeys(tasks)), "length": length}
-
-            table = data_table(columns, self.features)
-            tables, (dc, df) = [*self._data_tables, table], self._data_file
-            old = self.root / DATA_PATH.format(chunk_index=dc, file_index=df)
-            rows_in_file = sum(t.num_rows for t in self._data_tables)
-            if self._data_tables and (rows_in_file + length > self._max_frames or old.stat().st_size / 2**20
-                                      + table.nbytes / 2**20 >= self.info["data_files_size_in_mb"]):  # fmt: skip
-                tables, (dc, df) = [table], _next_file(dc, df, self.info["chunks_size"])
-            staged[DATA_PATH.format(chunk_index=dc, file_index=df)] = stage / "data.parquet"
-            write_parquet(tables, stage / "data.parquet")
-            row |= {
-                "data/chunk_index": dc,
-                "data/file_index": df,
-                "dataset_from_index": start,
-                "dataset_to_index": start + length,
-            }
-
-            video_state = dict(self._videos)
-            for i, key in enumerate(self.video_keys):
-                episode_mp4, merged = stage / f"video-{i}.mp4", stage / f"video-{i}-file.mp4"
-                episode_mp4.write_bytes(episode.videos[key])
-                got = video.probe_video(episode_mp4)
-                if [got["video.height"], got["video.width"]] != self.features[key]["shape"][:2] or got[
-                    "frames"
-                ] not in (0, length):
-                    raise ValueError(
-                        f"{self.root}: {key!r} video is {got['video.height']}x{got['video.width']}, {got['frames']} "
-                        f"frames; the feature needs {self.features[key]['shape'][:2]} and {length} frames"
-                    )
-                vc, vf, frames_in_file = self._videos.get(key, (0, -1, 0))
-                old = self.root / VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=max(vf, 0))
-                if (
-                    vf >= 0
-                    and frames_in_file + length <= self._max_frames
-                    and (old.stat().st_size + episode_mp4.stat().st_size) / 2**20
-                    < self.info["video_files_size_in_mb"]
-                    and video.stream_signature(old) == video.stream_signature(episode_mp4)
-                ):
-                    from_ts = video.concat_videos([old, episode_mp4], merged)[1]
-                else:  # start a new file with this episode
-                    vc, vf = _next_file(vc, vf, self.info["chunks_size"]) if vf >= 0 else (0, 0)
-                    frames_in_file, from_ts, merged = 0, 0.0, episode_mp4
-                staged[VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=vf)] = merged
-                video_state[key] = (vc, vf, frames_in_file + length)
-                row |= {f"videos/{key}/chunk_index": vc, f"videos/{key}/file_index": vf,
-                        f"videos/{key}/from_timestamp": from_ts, f"videos/{key}/to_timestamp": from_ts + length / fps}  # fmt: skip
-                if "info" not in self.features[key]:
-                    self.features[key]["info"] = self._video_info(episode_mp4)
-
-            row |= {f"stats/{k}/{s}": v.tolist() for k, d in ep_stats.items() for s, v in d.items()}
-            meta_rows, (mc, mf) = [*self._meta_rows, row], self._meta_file
-            if len(self._meta_rows) >= EPISODES_PER_META_FILE:
-                meta_rows, (mc, mf) = [row], _next_file(mc, mf, self.info["chunks_size"])
-            row |= {"meta/episodes/chunk_index": mc, "meta/episodes/file_index": mf, **extra}
-            try:
-                pq.write_table(pa.Table.from_pylist(meta_rows), stage / "episodes.parquet")
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                raise ValueError(
-                    f"episode metadata {extra} does not fit the columns of earlier episodes: {e}"
-                ) from e
-            staged[EPISODES_PATH.format(chunk_index=mc, file_index=mf)] = stage / "episodes.parquet"
-
-            if len(new_tasks) != len(self._tasks):
-                import pandas as pd  # LeRobot reads tasks with pandas and needs the task string as the index
-
-                frame = pd.DataFrame(
-                    {"task_index": list(new_tasks.values())}, index=pd.Index(list(new_tasks), name="task")
-                )
-                frame.to_parquet(stage / "tasks.parquet")
-                staged["meta/tasks.parquet"] = stage / "tasks.parquet"
+            tables, data_file = self._stage_data(columns, length, stage, staged, row)
+            video_state = self._stage_videos(episode, length, stage, staged, row)
+            ep_stats = self._episode_stats(episode, columns)
+            meta_rows, meta_file = self._stage_episode_row(row, ep_stats, extra, stage, staged)
+            self._stage_tasks(new_tasks, stage, staged)
             stats = aggregate_stats([self._stats, ep_stats] if self._stats else [ep_stats])
-            (stage / "stats.json").write_text(
-                json.dumps({k: {s: v.tolist() for s, v in d.items()} for k, d in stats.items()}, indent=4)
-            )
-            staged["meta/stats.json"] = stage / "stats.json"
-            info = {**self.info, "total_episodes": ep + 1, "total_frames": start + length, "total_tasks": len(new_tasks),
-                    "splits": splits}  # fmt: skip
-            (stage / "info.json").write_text(json.dumps(info, indent=4))
-            staged["meta/info.json"] = stage / "info.json"
+            self._stage_json("meta/stats.json", {k: {s: v.tolist() for s, v in d.items()} for k, d in stats.items()},
+                             stage, staged)  # fmt: skip
+            info = {**self.info, "total_episodes": ep + 1, "total_frames": int(self.info["total_frames"]) + length,
+                    "total_tasks": len(new_tasks), "splits": splits}  # fmt: skip
+            self._stage_json("meta/info.json", info, stage, staged)
+            if self.progress is not None:
+                (stage / PROGRESS_FILE).write_text(self.progress.to_json())
+                staged[f"meta/{PROGRESS_FILE}"] = stage / PROGRESS_FILE
             commit(self.root, staged)
         except BaseException:
-            if staging_committed(self.root):  # past the commit point: a new writer on root finishes it
-                self._closed = True
-                raise
-            shutil.rmtree(stage, ignore_errors=True)
-            for key in self.video_keys:  # video info probed from an episode that never landed
-                if self.info["total_episodes"] == 0:
-                    self.features[key].pop("info", None)
+            self._discard(stage)
             raise
         self.info, self._tasks, self._stats = info, new_tasks, stats
-        self._meta_rows, self._meta_file = meta_rows, (mc, mf)
-        self._data_tables, self._data_file, self._videos = tables, (dc, df), video_state
+        self._meta_rows, self._meta_file = meta_rows, meta_file
+        self._data_tables, self._data_file, self._videos = tables, data_file, video_state
         return ep
+
+    def _discard(self, stage: Path) -> None:
+        """After a failed ``_write_episode``: drop its staged files, unless it failed past the commit point (then a
+        new writer on the dataset finishes the commit, and this one is closed)."""
+        if staging_committed(self.root):
+            self._closed = True
+            return
+        shutil.rmtree(stage, ignore_errors=True)
+        for key in self.video_keys:  # video info probed from an episode that never landed
+            if self.info["total_episodes"] == 0:
+                self.features[key].pop("info", None)
+
+    def _columns(
+        self, episode: EncodedEpisode, tasks: list[str], task_ids: dict[str, int], ep: int
+    ) -> dict[str, np.ndarray]:
+        """Every parquet column of episode ``ep``: its non-video features plus LeRobot's index columns, ``[T]``."""
+        length, fps, start = len(tasks), self.info["fps"], int(self.info["total_frames"])
+        columns = dict(episode.frames)
+        columns |= {
+            "timestamp": (np.arange(length) / fps).astype(np.float32), "frame_index": np.arange(length),
+            "episode_index": np.full(length, ep), "index": np.arange(start, start + length),
+            "task_index": np.array([task_ids[t] for t in tasks]),
+        }  # fmt: skip
+        return columns
+
+    def _episode_stats(
+        self, episode: EncodedEpisode, columns: dict[str, np.ndarray]
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """Per-feature stats of the episode (cameras: the stats its encoder computed), in feature order."""
+        low_dim = episode_stats(
+            columns, {k: ft for k, ft in self.features.items() if k not in episode.videos}
+        )
+        return {k: episode.video_stats[k] if k in episode.videos else low_dim[k]
+                for k in self.features if k in episode.videos or k in low_dim}  # fmt: skip
+
+    def _stage_data(
+        self,
+        columns: dict[str, np.ndarray],
+        length: int,
+        stage: Path,
+        staged: dict[str, Path],
+        row: dict[str, Any],
+    ) -> tuple[list[pa.Table], tuple[int, int]]:
+        """Stage the data file the episode's rows go to (the current one rewritten with them appended, or a new
+        one when the current is full); returns the tables of that file and its (chunk, file) index."""
+        table = data_table(columns, self.features)
+        tables, (dc, df) = [*self._data_tables, table], self._data_file
+        old = self.root / DATA_PATH.format(chunk_index=dc, file_index=df)
+        rows_in_file = sum(t.num_rows for t in self._data_tables)
+        if self._data_tables and (rows_in_file + length > self._max_frames or old.stat().st_size / 2**20
+                                  + table.nbytes / 2**20 >= self.info["data_files_size_in_mb"]):  # fmt: skip
+            tables, (dc, df) = [table], _next_file(dc, df, self.info["chunks_size"])
+        staged[DATA_PATH.format(chunk_index=dc, file_index=df)] = stage / "data.parquet"
+        write_parquet(tables, stage / "data.parquet")
+        start = int(self.info["total_frames"])
+        row |= {"data/chunk_index": dc, "data/file_index": df, "dataset_from_index": start,
+                "dataset_to_index": start + length}  # fmt: skip
+        return tables, (dc, df)
+
+    def _stage_videos(
+        self, episode: EncodedEpisode, length: int, stage: Path, staged: dict[str, Path], row: dict[str, Any]
+    ) -> dict[str, tuple[int, int, int]]:
+        """Stage each camera's file with the episode's stream appended (or a new file, see the module docstring);
+        returns the cameras' (chunk, file, frames in file) once committed."""
+        fps = self.info["fps"]
+        video_state = dict(self._videos)
+        for i, key in enumerate(self.video_keys):
+            episode_mp4, merged = stage / f"video-{i}.mp4", stage / f"video-{i}-file.mp4"
+            episode_mp4.write_bytes(episode.videos[key])
+            self._check_video(key, episode_mp4, length)
+            vc, vf, frames_in_file = self._videos.get(key, (0, -1, 0))
+            old = self.root / VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=max(vf, 0))
+            if (
+                vf >= 0
+                and frames_in_file + length <= self._max_frames
+                and (old.stat().st_size + episode_mp4.stat().st_size) / 2**20
+                < self.info["video_files_size_in_mb"]
+                and video.stream_signature(old) == video.stream_signature(episode_mp4)
+            ):
+                from_ts = video.concat_videos([old, episode_mp4], merged)[1]
+            else:  # start a new file with this episode
+                vc, vf = _next_file(vc, vf, self.info["chunks_size"]) if vf >= 0 else (0, 0)
+                frames_in_file, from_ts, merged = 0, 0.0, episode_mp4
+            staged[VIDEO_PATH.format(video_key=key, chunk_index=vc, file_index=vf)] = merged
+            video_state[key] = (vc, vf, frames_in_file + length)
+            row |= {f"videos/{key}/chunk_index": vc, f"videos/{key}/file_index": vf,
+                    f"videos/{key}/from_timestamp": from_ts, f"videos/{key}/to_timestamp": from_ts + length / fps}  # fmt: skip
+            if "info" not in self.features[key]:
+                self.features[key]["info"] = self._video_info(episode_mp4)
+        return video_state
+
+    def _check_video(self, key: str, path: Path, length: int) -> None:
+        """An episode's stream must have the feature's size and the episode's frame count (0: not probed)."""
+        got = video.probe_video(path)
+        if [got["video.height"], got["video.width"]] != self.features[key]["shape"][:2] or got[
+            "frames"
+        ] not in (
+            0,
+            length,
+        ):
+            raise ValueError(
+                f"{self.root}: {key!r} video is {got['video.height']}x{got['video.width']}, {got['frames']} "
+                f"frames; the feature needs {self.features[key]['shape'][:2]} and {length} frames"
+            )
+
+    def _stage_episode_row(
+        self,
+        row: dict[str, Any],
+        ep_stats: dict[str, dict[str, np.ndarray]],
+        extra: dict[str, Any],
+        stage: Path,
+        staged: dict[str, Path],
+    ) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+        """Stage the ``meta/episodes`` file with the episode's row (where its data and videos are, its stats and the
+        caller's metadata); returns that file's rows and its (chunk, file) index."""
+        row |= {f"stats/{k}/{s}": v.tolist() for k, d in ep_stats.items() for s, v in d.items()}
+        meta_rows, (mc, mf) = [*self._meta_rows, row], self._meta_file
+        if len(self._meta_rows) >= EPISODES_PER_META_FILE:
+            meta_rows, (mc, mf) = [row], _next_file(mc, mf, self.info["chunks_size"])
+        row |= {"meta/episodes/chunk_index": mc, "meta/episodes/file_index": mf, **extra}
+        try:
+            pq.write_table(pa.Table.from_pylist(meta_rows), stage / "episodes.parquet")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise ValueError(
+                f"episode metadata {extra} does not fit the columns of earlier episodes: {e}"
+            ) from e
+        staged[EPISODES_PATH.format(chunk_index=mc, file_index=mf)] = stage / "episodes.parquet"
+        return meta_rows, (mc, mf)
+
+    def _stage_tasks(self, tasks: dict[str, int], stage: Path, staged: dict[str, Path]) -> None:
+        """Stage ``meta/tasks.parquet`` when the episode brings new task strings."""
+        if len(tasks) == len(self._tasks):
+            return
+        import pandas as pd  # LeRobot reads tasks with pandas and needs the task string as the index
+
+        frame = pd.DataFrame({"task_index": list(tasks.values())}, index=pd.Index(list(tasks), name="task"))
+        frame.to_parquet(stage / "tasks.parquet")
+        staged["meta/tasks.parquet"] = stage / "tasks.parquet"
+
+    @staticmethod
+    def _stage_json(path: str, value: Any, stage: Path, staged: dict[str, Path]) -> None:
+        """Stage ``value`` as the JSON file ``path`` (relative to the root; LeRobot's 4-space indent)."""
+        file = stage / Path(path).name
+        file.write_text(json.dumps(value, indent=4))
+        staged[path] = file
 
     def _video_info(self, path: Path) -> dict[str, Any]:
         probe = video.probe_video(path)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vla.data.readers.lerobot_meta import STAGING_DIR
+from vla.faults import kill_point
 
 
 def _apply(root: Path) -> None:
@@ -26,6 +27,7 @@ def _apply(root: Path) -> None:
         if (root / src).exists():
             (root / dst).parent.mkdir(parents=True, exist_ok=True)
             os.replace(root / src, root / dst)
+            kill_point("lerobot.renaming")
     (staging / "COMMIT").unlink()
     shutil.rmtree(staging, ignore_errors=True)
 
@@ -72,6 +74,8 @@ def commit(root: str | Path, staged: dict[str, Path]) -> None:
     staging = root / STAGING_DIR
     plan = [[str(src.relative_to(root)), dst] for dst, src in staged.items()]
     (staging / "COMMIT.tmp").write_text(json.dumps(plan))
+    kill_point("lerobot.staged")
     with _sigint_deferred():
         os.replace(staging / "COMMIT.tmp", staging / "COMMIT")  # the commit point
+        kill_point("lerobot.committed")
         _apply(root)
