@@ -40,6 +40,27 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
+#: Files a checkpoint's ``backbone/`` folder needs (``VLMBackbone.save``); a fast tokenizer's ``tokenizer.json``
+#: or a SentencePiece ``tokenizer.model`` (without either, transformers asks for sentencepiece to convert one).
+BACKBONE_CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+def check_saved_backbone(folder: Path) -> None:
+    """A checkpoint's saved backbone folder must hold its HF config and tokenizer: say which file is missing,
+    instead of letting transformers read a missing folder as a hub id or ask for sentencepiece."""
+    fix = "restore it from the original checkpoint (save_pretrained writes it) or re-save the checkpoint"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: the checkpoint's backbone folder is missing; {fix}")
+    if not (folder / BACKBONE_CONFIG).is_file():
+        raise FileNotFoundError(f"{folder / BACKBONE_CONFIG}: the backbone's config is missing; {fix}")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{folder / TOKENIZER_FILES[0]}: the backbone's tokenizer is missing (no {' or '.join(TOKENIZER_FILES)} "
+            f"in {folder}); {fix}"
+        )
+
+
 def load_hf_vlm(
     path: str, family: str, *, weights: bool = True, num_layers: int = 0
 ) -> tuple[nn.Module, object]:
@@ -207,6 +228,8 @@ class VLMBackbone(nn.Module):
     def from_config(
         cls, cfg: BackboneConfig, *, weights: bool = True, path: str | None = None
     ) -> VLMBackbone:
+        if path is not None:
+            check_saved_backbone(Path(path))
         src = path or resolve_pretrained(cfg.pretrained)
         model, tokenizer = load_hf_vlm(src, cfg.family, weights=weights, num_layers=cfg.num_vlm_layers)
         return cls(cfg, model=model, tokenizer=tokenizer, source=src)

@@ -43,7 +43,15 @@ def load_weights(
     Every entry of the model's state dict must be in the file, and every tensor of the file in the model except
     the names in ``ignore`` (weights an older checkpoint format stored and this model no longer has). Floating
     tensors are cast to the model's parameter dtype; ``requires_grad`` stays the model's."""
-    state = load_file(str(path), device=str(device))
+    try:
+        state = load_file(str(path), device=str(device))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{path}: the checkpoint's weights file is missing; restore it") from e
+    except Exception as e:  # safetensors raises its own SafetensorError for a truncated or corrupt file
+        raise ValueError(
+            f"{path}: cannot read the weights ({type(e).__name__}: {e}); the file is truncated or corrupt. "
+            "Restore it or re-save the checkpoint (an interrupted copy leaves a short file)"
+        ) from None
     expected = model.state_dict()
     for name in set(ignore) & set(state):
         del state[name]

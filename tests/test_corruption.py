@@ -1,0 +1,422 @@
+"""Damaged input gets a named error, never a silent result.
+
+Each test writes a small clean dataset (LeRobot v3 through ``LeRobotWriter``, RLDS through ``write_rlds``) or a
+tiny checkpoint, damages a copy the way files get damaged in practice (episode-index gaps, text that is not
+UTF-8, declared types that disagree with the data, truncated or unreadable files, a dataset whose every sample
+is bad, a huge task string), and checks that every command -- ``vla data info/show/validate/stats``, the
+loader, ``vla model info`` -- either reads the data correctly or fails with the project's own error type and
+a message naming the file; ``validate`` reports each problem by kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from vla.cli import main
+from vla.config import DataConfig
+from vla.data.keymaps import KeyMapError
+from vla.data.loader import SkippedSamplesError, build_loader
+from vla.data.readers import DatasetFormatError, open_dataset
+from vla.data.standardize import standardize_episode
+from vla.data.writers.rlds import image, scalar, tensor, text, write_rlds
+from vla.data.writers.synthetic import TASKS, make_lerobot_dataset
+
+EPISODES, LENGTH, FPS = 4, 6, 5
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLA_DEBUG", raising=False)
+    monkeypatch.setenv("VLA_NO_INDEX_CACHE", "1")  # each test damages files after writing them
+
+
+# ---- clean datasets and their damaged copies -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def clean_lerobot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LeRobot v3, widowx_bridge (generic key map), 4 episodes x 6 frames, PNG images in the parquet."""
+    return make_lerobot_dataset(
+        tmp_path_factory.mktemp("clean") / "widowx_set", num_episodes=EPISODES, episode_length=LENGTH,
+        cameras={"front": (8, 8)}, state_dim=7, action_dim=7, fps=FPS, video=False, robot_type="widowx_bridge",
+    )  # fmt: skip
+
+
+def lerobot_copy(clean: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / clean.name
+    shutil.copytree(clean, dst)
+    return dst
+
+
+def edit_parquet(path: Path, fn: Callable[[dict[str, list]], dict[str, Any] | None]) -> None:
+    """Rewrite ``path`` after ``fn(columns)`` edits the rows in place (same schema) or returns new columns."""
+    table = pq.read_table(path)
+    columns = table.to_pydict()
+    new = fn(columns)
+    pq.write_table(pa.table(new) if new is not None else pa.table(columns, schema=table.schema), path)
+
+
+def edit_json(path: Path, fn: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+def episodes_parquet(root: Path) -> Path:
+    return next((root / "meta" / "episodes").rglob("*.parquet"))
+
+
+def data_parquet(root: Path) -> Path:
+    return next((root / "data").rglob("*.parquet"))
+
+
+BRIDGE_STEPS = {
+    "observation/state": tensor([7]), "action": tensor([7]), "is_first": scalar("bool"),
+    "is_last": scalar("bool"), "is_terminal": scalar("bool"), "language_instruction": text(),
+    "observation/image_0": image((8, 8, 3), "png"), "observation/image_1": image((8, 8, 3), "png"),
+}  # fmt: skip
+
+
+def bridge_rlds(root: Path, instruction: Callable[[int], str | bytes] = lambda e: f"pick block {e}") -> Path:
+    """An RLDS ``bridge_dataset`` (its registered key map) of 3 episodes x 6 steps; ``instruction(e)`` is the
+    language instruction of every step of episode ``e``."""
+    rng = np.random.default_rng(0)
+    flags = np.eye(LENGTH, dtype=bool)
+    episodes = [
+        {"steps": {
+            "observation/state": rng.normal(size=(LENGTH, 7)).astype(np.float32),
+            "action": rng.normal(size=(LENGTH, 7)).astype(np.float32),
+            "is_first": flags[0], "is_last": flags[-1], "is_terminal": flags[-1],
+            "language_instruction": [instruction(e)] * LENGTH,
+            "observation/image_0": np.zeros((LENGTH, 8, 8, 3), np.uint8),
+            "observation/image_1": np.zeros((LENGTH, 8, 8, 3), np.uint8),
+        }, "episode_metadata": {}}
+        for e in range(3)
+    ]  # fmt: skip
+    path = root / "bridge_dataset" / "1.0.0"
+    write_rlds(path, "bridge_dataset", {"train": episodes}, BRIDGE_STEPS)
+    return path
+
+
+# ---- running commands --------------------------------------------------------------------------------------------
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def cli_error(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
+    """Run a command that must fail on bad input: exit 2, one ``error:`` line, no traceback -> that line."""
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2 and out == "" and "Traceback" not in err, (rc, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def problems(capsys: pytest.CaptureFixture[str], path: Path) -> list[dict[str, str]]:
+    """``vla data validate --json`` -> its problems (the exit code must say whether there are any)."""
+    rc, out, _ = run_cli(capsys, "data", "validate", path, "--json")
+    found = json.loads(out)
+    assert rc == (1 if found else 0)
+    return found
+
+
+def kinds(found: list[dict[str, str]]) -> set[str]:
+    return {p["kind"] for p in found}
+
+
+def loader_cfg(path: Path, **kw: Any) -> DataConfig:
+    base = {"datasets": (str(path),), "batch_size": 2, "normalize": False, "image_size": 0, "chunk_length": 2,
+            "shuffle": False}  # fmt: skip
+    return DataConfig(**(base | kw))
+
+
+def epoch(cfg: DataConfig) -> list[Any]:
+    return list(build_loader(cfg))
+
+
+# ---- episode-index gaps --------------------------------------------------------------------------------------
+def renumber_episode(root: Path, old: int, new: int) -> None:
+    """Give episode ``old`` the index ``new`` in meta/episodes and the data (as after deleting episodes)."""
+
+    def fn(c: dict[str, list]) -> None:
+        c["episode_index"] = [new if e == old else e for e in c["episode_index"]]
+
+    edit_parquet(episodes_parquet(root), fn)
+    edit_parquet(data_parquet(root), fn)
+
+
+def test_episode_index_gap_reads_every_listed_episode(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    renumber_episode(root, 3, 5)  # episodes 0, 1, 2, 5 ("splits": {"train": "0:4"} as written)
+    info_out = json.loads(run_cli(capsys, "data", "info", root, "--json")[1])
+    assert info_out["splits"]["train"] == {"episodes": EPISODES, "frames": EPISODES * LENGTH}
+    reader = open_dataset(root)
+    assert reader.read_episode("train", 3).steps["episode_index"].tolist() == [5] * LENGTH
+    frames = sum(len(b.prompt) for b in epoch(loader_cfg(root)))
+    assert frames == EPISODES * LENGTH  # no frame silently dropped
+    found = problems(capsys, root)
+    assert kinds(found) == {"episode_gap"}
+    assert str(root / "meta") in found[0]["where"] and "[3, 4]" in found[0]["message"]
+
+
+def test_episode_outside_every_split_is_an_error(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    renumber_episode(root, 3, 5)
+    edit_json(root / "meta" / "info.json", lambda i: i.update(splits={"train": "0:2", "val": "2:4"}))
+    with pytest.raises(DatasetFormatError, match=r"info\.json: 1 episode\(s\) .* in no split .*\[5\]"):
+        open_dataset(root)
+    assert str(root / "meta" / "info.json") in cli_error(capsys, "data", "info", root)
+
+
+def test_validate_reports_totals_that_disagree_with_the_episodes(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    edit_json(root / "meta" / "info.json", lambda i: i.update(total_frames=i["total_frames"] + 3))
+    found = problems(capsys, root)
+    assert kinds(found) == {"totals"} and str(root / "meta" / "info.json") in found[0]["where"]
+
+
+# ---- text that is not UTF-8 --------------------------------------------------------------------------------------
+def binary_tasks(root: Path, first: bytes, as_string: bool) -> None:
+    """Store meta/tasks.parquet's task column as binary (or as a string column holding raw bytes)."""
+
+    def fn(c: dict[str, list]) -> dict[str, Any]:
+        values = [first] + [t.encode() for t in c["task"][1:]]
+        arr = pa.array(values, pa.binary())
+        if as_string:  # what a broken exporter writes: a string column whose bytes are not UTF-8
+            arr = pa.Array.from_buffers(pa.string(), len(arr), arr.buffers())
+        return {"task_index": c["task_index"], "task": arr}
+
+    edit_parquet(root / "meta" / "tasks.parquet", fn)
+
+
+def test_lerobot_task_stored_as_utf8_bytes_is_the_text(clean_lerobot: Path, tmp_path: Path) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    binary_tasks(root, TASKS[0].encode(), as_string=False)
+    prompts = {p for b in epoch(loader_cfg(root)) for p in b.prompt}
+    assert prompts == set(TASKS)  # never "b'pick up the red cube'"
+
+
+@pytest.mark.parametrize("as_string", [False, True], ids=["binary_column", "string_column"])
+def test_lerobot_task_not_utf8_is_a_named_error(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], as_string: bool
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    binary_tasks(root, b"\xff\xfe pick", as_string)
+    tasks = root / "meta" / "tasks.parquet"
+    with pytest.raises(DatasetFormatError, match=r"column 'task' row 0 is not UTF-8"):
+        epoch(loader_cfg(root))
+    assert str(tasks) in cli_error(capsys, "data", "info", root)
+    found = problems(capsys, root)
+    assert any(str(tasks) in p["message"] and "UTF-8" in p["message"] for p in found)
+
+
+def test_rlds_instruction_not_utf8_is_a_named_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = bridge_rlds(tmp_path, lambda e: b"\xff\xfe pick" if e == 1 else f"pick block {e}")
+    shard = next(root.glob("*.tfrecord-*"))
+    reader = open_dataset(root)
+    with pytest.raises(DatasetFormatError, match=r"record 1 \(train episode 1\), feature 'steps/language_instruction' step 0 is not UTF-8"):  # fmt: skip
+        reader.read_episode("train", 1)
+    for skip in ("raise", "skip"):  # an unreadable episode fails the loader either way, naming the shard
+        with pytest.raises(DatasetFormatError, match=str(shard)):
+            epoch(loader_cfg(root, on_bad_sample=skip))
+    assert str(shard) in cli_error(capsys, "data", "show", root, "--episode", 1, "--frame", 0)
+    found = problems(capsys, root)
+    assert len(found) == 1 and "episode 1" in found[0]["where"] and str(shard) in found[0]["message"]
+
+
+def test_show_marks_binary_strings_that_are_not_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = BRIDGE_STEPS | {"blob": tensor([], "string")}  # Tensor(dtype=string): binary data is allowed
+    ep = {"steps": {k: (np.zeros((2, *f.shape), np.float32) if f.cls == "Tensor" else None) for k, f in steps.items()},
+          "episode_metadata": {}}  # fmt: skip
+    ep["steps"] |= {"is_first": np.array([1, 0], bool), "is_last": np.array([0, 1], bool),
+                    "is_terminal": np.array([0, 1], bool), "language_instruction": ["go", "go"],
+                    "observation/image_0": np.zeros((2, 8, 8, 3), np.uint8),
+                    "observation/image_1": np.zeros((2, 8, 8, 3), np.uint8), "blob": [b"\xff\x00", b"ok"]}  # fmt: skip
+    root = tmp_path / "blobs" / "1.0.0"
+    write_rlds(root, "blobs", {"train": [ep]}, steps)
+    out = json.loads(run_cli(capsys, "data", "show", root, "--episode", 0, "--frame", 0, "--json")[1])
+    assert out["raw"]["blob"] == "<2 bytes, not UTF-8: ff00>" and out["raw"]["language_instruction"] == "go"
+
+
+# ---- declared types that disagree with the data ----------------------------------------------------------------
+def test_rlds_declared_int_with_float_values_is_a_named_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = bridge_rlds(tmp_path)
+
+    def declare_int(spec: dict[str, Any]) -> None:
+        spec["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"][
+            "action"
+        ]["tensor"]["dtype"] = "int64"
+
+    edit_json(root / "features.json", declare_int)
+    with pytest.raises(DatasetFormatError, match=r"feature 'steps/action' holds float values but features.json declares int64"):  # fmt: skip
+        open_dataset(root).read_episode("train", 0)
+    assert "steps/action" in cli_error(capsys, "data", "show", root, "--episode", 0, "--frame", 0)
+    assert all("steps/action" in p["message"] for p in problems(capsys, root))
+
+
+def test_missing_state_feature_is_named(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    edit_json(root / "meta" / "info.json", lambda i: i["features"].pop("observation.state"))
+    with pytest.raises(KeyMapError, match=r"'observation.state' must have width 7 .* found no such feature"):
+        build_loader(loader_cfg(root))
+    assert "'observation.state'" in cli_error(capsys, "data", "stats", root)
+    found = problems(capsys, root)
+    assert kinds(found) == {"keymap"} and "'observation.state'" in found[0]["message"]
+
+
+def test_stats_json_that_is_not_json_is_reported(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    (root / "meta" / "stats.json").write_text('{"action": {"mean": [0.1,')
+    found = problems(capsys, root)
+    assert kinds(found) == {"stats_json"} and found[0]["where"] == str(root / "meta" / "stats.json")
+
+
+def test_timestamps_that_disagree_with_frame_index_and_fps_are_reported(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+
+    def half_speed(c: dict[str, list]) -> None:  # no gap longer than 1.5 / fps, but not frame_index / fps
+        c["timestamp"] = [t * 0.5 if e == 2 else t for t, e in zip(c["timestamp"], c["episode_index"])]
+
+    edit_parquet(data_parquet(root), half_speed)
+    found = problems(capsys, root)
+    assert kinds(found) == {"timestamp"} and "episode 2 field 'timestamp'" in found[0]["where"]
+    assert "expected 0.2 s" in found[0]["message"]
+
+
+# ---- errors that name the file ---------------------------------------------------------------------------------
+def test_truncated_episode_metadata_names_the_file(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    path = episodes_parquet(root)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(DatasetFormatError, match="truncated or corrupt"):
+        open_dataset(root)
+    assert str(path) in cli_error(capsys, "data", "info", root)
+    with pytest.raises(DatasetFormatError, match=str(path)):
+        build_loader(loader_cfg(root))
+
+
+def test_unreadable_episode_metadata_folder_says_permission_denied(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    folder = episodes_parquet(root).parent
+    if os.geteuid() == 0:  # root reads whatever the mode bits say: make the folder unreadable to this process
+        scandir = os.scandir
+
+        def denied(path: Any = ".") -> Any:
+            if Path(path) == folder:
+                raise PermissionError(13, "Permission denied", str(path))
+            return scandir(path)
+
+        monkeypatch.setattr(os, "scandir", denied)
+    folder.chmod(0)
+    try:
+        line = cli_error(capsys, "data", "info", root)
+    finally:
+        folder.chmod(0o755)
+    assert f"{folder}: permission denied" in line and "chmod" in line
+
+
+def test_every_sample_bad_fails_the_epoch(
+    clean_lerobot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+
+    def garbage_images(c: dict[str, list]) -> None:
+        c["observation.images.front"] = [{"bytes": b"not a png", "path": None} for _ in c["episode_index"]]
+
+    edit_parquet(data_parquet(root), garbage_images)
+    with pytest.raises(
+        SkippedSamplesError, match=r"2 of this epoch's 24 samples .*First causes: .*cannot be decoded"
+    ):
+        epoch(loader_cfg(root, on_bad_sample="skip"))
+    with pytest.raises(SkippedSamplesError, match=r"24 of this epoch's 24 samples .*no batch was left"):
+        epoch(loader_cfg(root, on_bad_sample="skip", max_skipped_fraction=1.0))
+
+
+# ---- a huge task string is held once ------------------------------------------------------------------------
+def test_a_long_task_is_stored_once(clean_lerobot: Path, tmp_path: Path) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    long_task = "stack the cups " * 70_000 + "\n"  # 1 MB; trailing whitespace is stripped from the prompt
+
+    def fn(c: dict[str, list]) -> dict[str, Any]:
+        return {"task_index": c["task_index"], "task": [long_task] * len(c["task"])}
+
+    edit_parquet(root / "meta" / "tasks.parquet", fn)
+    reader = open_dataset(root)
+    std = standardize_episode(reader, "train", 0)
+    assert std.prompt[0] == long_task.strip()
+    assert all(p is std.prompt[0] for p in std.prompt)  # one object, not a copy per frame
+
+    rlds = bridge_rlds(tmp_path, lambda e: long_task)
+    std = standardize_episode(open_dataset(rlds), "train", 0)
+    assert std.prompt[0] == long_task.strip() and all(p is std.prompt[0] for p in std.prompt)
+
+
+# ---- damaged checkpoints ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def clean_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vla.models.hub import save_pretrained
+    from vla.models.testing import tiny_model
+
+    out = tmp_path_factory.mktemp("ckpt") / "model"
+    save_pretrained(tiny_model(embodiments=("widowx_bridge",)), out)
+    return out
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("damage", "named", "problem"),
+    [
+        (lambda ck: truncate(ck / "model.safetensors"), "model.safetensors", "truncated or corrupt"),
+        (lambda ck: (ck / "backbone" / "tokenizer.json").unlink(), "backbone/tokenizer.json", "tokenizer is missing"),
+        (lambda ck: shutil.rmtree(ck / "backbone"), "backbone", "backbone folder is missing"),
+    ],
+    ids=["truncated_weights", "no_tokenizer", "no_backbone"],
+)  # fmt: skip
+def test_damaged_checkpoint_names_the_file(
+    clean_checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Callable[[Path], None],
+    named: str,
+    problem: str,
+) -> None:
+    ckpt = tmp_path / "model"
+    shutil.copytree(clean_checkpoint, ckpt)
+    damage(ckpt)
+    line = cli_error(capsys, "model", "info", ckpt)
+    assert f"{ckpt / named}:" in line and problem in line
