@@ -310,6 +310,28 @@ def test_micro_batcher_batches_concurrent_requests_and_isolates_a_failing_one() 
             assert isinstance(r, ActionSafetyError) and "non-finite" in str(r)
         else:
             np.testing.assert_allclose(r.chunk.actions, alone[i], atol=1e-5)
+    # The server's infer_batch returns a sample's error in its place: the same answers from one pass, no re-runs.
+    calls.clear()
+    per_sample = MicroBatcher(
+        lambda obs, seeds: (
+            calls.append(len(obs)) or policy.infer_batch(obs, seeds=seeds, return_exceptions=True)
+        ),
+        max_batch=8,
+        window_s=0.5,
+    )
+
+    async def submit_per_sample() -> list[Any]:
+        jobs = [per_sample.submit(o, i) for i, o in enumerate(observations)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    again = asyncio.run(submit_per_sample())
+    per_sample.close(timeout=30)
+    assert calls == [4]
+    for r, before in zip(again, results):
+        if isinstance(before, ActionSafetyError):
+            assert isinstance(r, ActionSafetyError) and str(r) == str(before)
+        else:
+            np.testing.assert_allclose(r.chunk.actions, before.chunk.actions, atol=1e-5)
 
 
 def test_select_mode_times_candidates_and_keeps_an_accurate_one() -> None:

@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
@@ -223,12 +223,37 @@ class Policy:
         """One observation's chunk (see ``infer_batch``)."""
         return self.infer_batch([obs], seeds=[seed])[0]
 
+    @overload
     def infer_batch(
-        self, observations: Sequence[Observation], *, seeds: Sequence[int | None] | None = None
-    ) -> list[ActionChunk]:
+        self,
+        observations: Sequence[Observation],
+        *,
+        seeds: Sequence[int | None] | None = ...,
+        return_exceptions: Literal[False] = ...,
+    ) -> list[ActionChunk]: ...
+
+    @overload
+    def infer_batch(
+        self,
+        observations: Sequence[Observation],
+        *,
+        seeds: Sequence[int | None] | None = ...,
+        return_exceptions: Literal[True],
+    ) -> list[ActionChunk | ActionSafetyError]: ...
+
+    def infer_batch(
+        self,
+        observations: Sequence[Observation],
+        *,
+        seeds: Sequence[int | None] | None = None,
+        return_exceptions: bool = False,
+    ) -> list[ActionChunk] | list[ActionChunk | ActionSafetyError]:
         """Chunks for ``observations`` (mixed embodiments and prompts) in one forward pass. ``seeds[i]`` seeds
         sample ``i``'s flow noise (None: a fresh random seed), so the result of a sample does not depend on the
-        batch it ran in. Raises ``ActionSafetyError`` when a chunk is non-finite."""
+        batch it ran in. A non-finite chunk raises ``ActionSafetyError``; with ``return_exceptions`` the error takes
+        that sample's place in the list instead and the other samples' chunks are returned (samples never mix in
+        the model, so one sample's failure says nothing about the others: a server answers them all from one
+        pass)."""
         seeds = list(seeds) if seeds is not None else [None] * len(observations)
         if len(seeds) != len(observations):
             raise ValueError(f"infer_batch: {len(observations)} observations but {len(seeds)} seeds")
@@ -239,7 +264,15 @@ class Policy:
         with torch.inference_mode():
             out = self.model.sample_actions(batch, num_steps=self.num_steps, noise=noise)  # [B, H_max, A_max]
         out = out.float().cpu().numpy()
-        return [self._chunk(obs, out[i]) for i, obs in enumerate(observations)]
+        if not return_exceptions:
+            return [self._chunk(obs, out[i]) for i, obs in enumerate(observations)]
+        results: list[ActionChunk | ActionSafetyError] = []
+        for i, obs in enumerate(observations):
+            try:
+                results.append(self._chunk(obs, out[i]))
+            except ActionSafetyError as e:
+                results.append(e)
+        return results
 
     def _noise(self, seeds: Sequence[int | None], batch: Batch) -> torch.Tensor:
         """``[B, H, A_max]`` noise, each row from its own generator drawn at the model's full chunk length (so a

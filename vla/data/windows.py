@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from vla.config import DataConfig
 from vla.data.episode_index import NO_CACHE_ENV, kept_lengths
 from vla.data.keymaps import KeyMapError
-from vla.data.readers import DatasetReader
+from vla.data.readers import DatasetFormatError, DatasetReader
 from vla.data.standardize import (
     StandardizeOptions,
     StdEpisode,
@@ -179,6 +179,11 @@ class WindowDataset(Dataset):
             if self.cfg.on_bad_sample == "skip":  # the loader counts and logs it in the main process
                 return {"__skipped__": f"sample {index}: {where}: {e}"}
             msg = f"{e} [while loading sample {index}: {where}; set data.on_bad_sample=skip to skip bad samples]"
+            if isinstance(e, UnicodeError | OSError) or type(e).__module__.startswith(
+                ("pyarrow", "PIL", "av")
+            ):
+                # a library's own error about the data (ArrowInvalid, UnicodeDecodeError, ...): the project's type
+                raise DatasetFormatError(msg) from e
             try:
                 wrapped = type(e)(
                     msg

@@ -4,8 +4,9 @@ The event loop only decodes, validates and ``await``s; the model runs on one wor
 first waiting request, then collects more for at most ``window_s`` (or until ``max_batch``, or at once when
 ``expect_more()`` says no other client can send one now), and runs them as
 one ``Policy.infer_batch`` call — mixed embodiments and prompts in one forward pass. Each sample's noise comes from
-its own seed, so its chunk is the same whatever batch it lands in. When a batch fails (a non-finite chunk), its
-samples are re-run one by one so only the offending request gets the error. Results go back to the loop with
+its own seed, so its chunk is the same whatever batch it lands in. A sample whose chunk is non-finite gets its
+error and the others their chunks from the same pass; when the batch fails as a whole, its samples are re-run one by
+one so only the offending request gets the error. Results go back to the loop with
 ``call_soon_threadsafe``; a request whose client went away meanwhile is dropped, never blocking the others.
 """
 
@@ -25,7 +26,8 @@ from vla.types import Observation
 
 log = logging.getLogger(__name__)
 
-InferBatch = Callable[[Sequence[Observation], Sequence[int | None]], list[ActionChunk]]
+# One chunk per observation; a sample's own failure (a non-finite chunk) may take its place as an exception.
+InferBatch = Callable[[Sequence[Observation], Sequence[int | None]], Sequence[ActionChunk | BaseException]]
 
 
 class OverloadedError(RuntimeError):

@@ -94,7 +94,7 @@ class ServingApp:
         self.policy, self.options = policy, options
         self.metrics = ServerMetrics(options.max_batch)
         self.batcher = MicroBatcher(
-            lambda obs, seeds: policy.infer_batch(obs, seeds=seeds),
+            lambda obs, seeds: policy.infer_batch(obs, seeds=seeds, return_exceptions=True),
             max_batch=options.max_batch,
             window_s=options.batch_window_ms / 1000,
             metrics=self.metrics,

@@ -318,6 +318,7 @@ class LeRobotMetadata:
             f"videos/{k}/{c}" for k in video_keys for c in ("chunk_index", "file_index", "from_timestamp")
         ]
         episodes: dict[int, EpisodeRecord] = {}
+        known = {t: t for t in self.tasks.values()}
         for path in files:
             names = read_parquet_schema(path, "episode metadata") if path.stat().st_size else []
             if missing := [c for c in needed if c not in names]:
@@ -348,7 +349,8 @@ class LeRobotMetadata:
                     if k not in _EPISODE_COLUMNS and not k.startswith(_STRUCTURAL_PREFIXES)
                 }
                 metadata = {
-                    "tasks": list(row.get("tasks") or []),
+                    # the task objects of meta/tasks: a long task is held once, not once per episode
+                    "tasks": [known.get(t, t) for t in row.get("tasks") or []],
                     "length": int(row["length"]),
                     **unflatten(extra),
                 }

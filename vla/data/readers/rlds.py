@@ -249,6 +249,10 @@ class RLDSReader(DatasetReader):
         if fd is None:
             try:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            except PermissionError:
+                raise DatasetFormatError(
+                    f"{path}: permission denied opening the shard; fix its permissions (e.g. chmod a+r {path})"
+                ) from None
             except OSError as e:
                 raise DatasetFormatError(
                     f"{path}: cannot open shard ({e.strerror}); re-download it."
