@@ -273,6 +273,35 @@ def _add_episode_by_frames(writer: LeRobotWriter, e: int, length: int, **save: o
     return writer.save_episode(**save)  # type: ignore[arg-type]
 
 
+def test_episode_metadata_whose_keys_differ_between_episodes_is_kept_exactly(tmp_path: Path) -> None:
+    """Per-object randomization records name the episode's objects, so later episodes bring keys the first one lacks
+    (a flat-column table built from the first row's keys dropped them); numpy values, None and lists survive too."""
+    records = [
+        {"success": True, "sim_seed": np.int64(5), "randomization": {"mass": {"red_cube": 0.1, "blue_cube": 0.2}}},
+        {"success": False, "randomization": {"mass": {"green_cube": np.float32(0.5)}, "light": [0.1, 0.2]},
+         "robot_params": {"dof": 6}, "note": None},
+        {"success": True, "sim_seed": 7, "randomization": {}},
+    ]  # fmt: skip
+    writer = LeRobotWriter(tmp_path / "ds", 10, FEATURES, robot_type="arm", mode="create")
+    for e, meta in enumerate(records):
+        _add_episode_by_frames(writer, e, 12, task=TASKS[e], metadata=meta)
+    writer.finalize()
+    reader = LeRobotReader(tmp_path / "ds")
+    want = json.loads(json.dumps(records, default=lambda v: v.item()))
+    for e in range(3):
+        got = reader.episode_metadata("train", e)
+        assert {k: v for k, v in got.items() if k not in ("tasks", "length")} == want[e], e
+    # LeRobot users still see the top-level values as columns of meta/episodes
+    table = pq.read_table(next((tmp_path / "ds" / "meta" / "episodes").rglob("*.parquet")))
+    assert table.column("success").to_pylist() == [True, False, True]
+    assert table.column("sim_seed").to_pylist() == [5, None, 7]
+    with pytest.raises(ValueError, match="cannot be stored"):
+        _add_episode_by_frames(
+            LeRobotWriter(tmp_path / "ds2", 10, FEATURES, robot_type="arm", mode="create"),
+            0, 12, task=TASKS[0], metadata={"x": {"y": object()}},
+        )  # fmt: skip
+
+
 def test_add_frame_api_and_validation(tmp_path: Path) -> None:
     writer = LeRobotWriter(tmp_path / "ds", 10, FEATURES, robot_type="arm", mode="create")
     assert _add_episode_by_frames(writer, 0, 20) == 0

@@ -25,6 +25,9 @@ STAGING_DIR = ".vla_staging"  # written by vla.data.writers.lerobot; a COMMIT fi
 PROGRESS_FILE = "vla_progress.json"
 _EPISODE_COLUMNS = ("episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index")
 _STRUCTURAL_PREFIXES = ("data/", "videos/", "meta/", "stats/")
+# meta/episodes column with an episode's whole metadata record as JSON (vla.data.writers.lerobot): exact for nested
+# records whose keys differ between episodes (e.g. per-object randomization), which flat parquet columns cannot hold
+METADATA_JSON_COLUMN = "vla_episode_metadata_json"
 
 
 @dataclass
@@ -343,19 +346,40 @@ class LeRobotMetadata:
                     )
                     for k in video_keys
                 }
-                extra = {
-                    k: v
-                    for k, v in row.items()
-                    if k not in _EPISODE_COLUMNS and not k.startswith(_STRUCTURAL_PREFIXES)
-                }
                 metadata = {
                     # the task objects of meta/tasks: a long task is held once, not once per episode
                     "tasks": [known.get(t, t) for t in row.get("tasks") or []],
                     "length": int(row["length"]),
-                    **unflatten(extra),
+                    **self._episode_record(path, ep, row),
                 }
                 episodes[ep] = EpisodeRecord(ep, int(row["length"]), data_file, videos, metadata)
         return dict(sorted(episodes.items()))
+
+    @staticmethod
+    def _episode_record(path: Path, ep: int, row: dict[str, Any]) -> dict[str, Any]:
+        """The writer's metadata of episode ``ep``: its JSON column when present (exact), else the flat columns of
+        datasets written without it (``a/b`` -> nested; other tools' extra columns)."""
+        if (text := row.get(METADATA_JSON_COLUMN)) is not None:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DatasetFormatError(
+                    f"{path}: episode {ep}'s {METADATA_JSON_COLUMN} is not valid JSON ({e}); the file is damaged, "
+                    "re-create the dataset"
+                ) from None
+            if not isinstance(record, dict):
+                raise DatasetFormatError(
+                    f"{path}: episode {ep}'s {METADATA_JSON_COLUMN} is not a JSON object"
+                )
+            return record
+        extra = {
+            k: v
+            for k, v in row.items()
+            if k not in _EPISODE_COLUMNS
+            and not k.startswith(_STRUCTURAL_PREFIXES)
+            and k != METADATA_JSON_COLUMN
+        }
+        return unflatten(extra)
 
     def _load_episodes_v2(self) -> dict[int, EpisodeRecord]:
         chunks = int(self.info.get("chunks_size", 1000))

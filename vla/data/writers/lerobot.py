@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vla.data import video
-from vla.data.readers.lerobot_meta import PROGRESS_FILE
+from vla.data.readers.lerobot_meta import METADATA_JSON_COLUMN, PROGRESS_FILE
 from vla.data.writers.lerobot_episode import (
     EncodedEpisode,
     aggregate_stats,
@@ -64,16 +64,30 @@ def _next_file(chunk: int, file: int, chunks_size: int) -> tuple[int, int]:
     return (chunk + 1, 0) if file + 1 >= chunks_size else (chunk, file + 1)
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = (
-                v.tolist() if isinstance(v, np.ndarray | np.generic) else str(v) if isinstance(v, Path) else v
-            )
-    return out
+def _plain(v: Any) -> Any:
+    """A metadata value as JSON/parquet take it (numpy arrays and scalars as Python values, paths as text)."""
+    return v.tolist() if isinstance(v, np.ndarray | np.generic) else str(v) if isinstance(v, Path) else v
+
+
+def _metadata_columns(metadata: dict[str, Any]) -> dict[str, Any]:
+    """An episode's ``meta/episodes`` columns for the caller's ``metadata``: the whole record as JSON (exact, and
+    what vla reads back), plus each top-level value that is not a mapping as a column of its own (``success``,
+    ``sim_seed``, ``instruction``: what LeRobot users filter on). Nested records are only in the JSON: their keys
+    differ between episodes (per-object randomization), and flat columns would need the first episode's keys."""
+
+    def default(v: Any) -> Any:
+        if isinstance(v, np.ndarray | np.generic | Path):
+            return _plain(v)
+        raise TypeError(f"{type(v).__name__} is not JSON-serializable")
+
+    try:
+        text = json.dumps(metadata, sort_keys=True, default=default)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"episode metadata {sorted(metadata)} cannot be stored: {e}; use numbers, strings, lists and dicts"
+        ) from None
+    flat = {k: _plain(v) for k, v in metadata.items() if not isinstance(v, dict)}
+    return flat | {METADATA_JSON_COLUMN: text}
 
 
 class LeRobotWriter:
@@ -374,8 +388,10 @@ class LeRobotWriter:
         writing command's progress record), then move them into place together (``staging.commit``)."""
         if self._closed:
             raise RuntimeError(f"{self.root}: writer already finalized")
-        extra = _flatten(metadata)
-        if clash := [k for k in extra if k.startswith(_RESERVED) or k in _RESERVED]:
+        extra = _metadata_columns(metadata)
+        if clash := [
+            k for k in metadata if k.startswith(_RESERVED) or k in _RESERVED or k == METADATA_JSON_COLUMN
+        ]:
             raise ValueError(
                 f"episode metadata key(s) {clash} collide with LeRobot's episode columns; rename them"
             )
@@ -531,8 +547,12 @@ class LeRobotWriter:
         if len(self._meta_rows) >= EPISODES_PER_META_FILE:
             meta_rows, (mc, mf) = [row], _next_file(mc, mf, self.info["chunks_size"])
         row |= {"meta/episodes/chunk_index": mc, "meta/episodes/file_index": mf, **extra}
+        # every row gets every column (None where an episode lacks one): from_pylist would keep only the first
+        # row's keys and silently drop the rest
+        columns = list(dict.fromkeys(k for r in meta_rows for k in r))
         try:
-            pq.write_table(pa.Table.from_pylist(meta_rows), stage / "episodes.parquet")
+            table = pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in meta_rows])
+            pq.write_table(table, stage / "episodes.parquet")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise ValueError(
                 f"episode metadata {extra} does not fit the columns of earlier episodes: {e}"
