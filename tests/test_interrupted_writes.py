@@ -13,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -122,6 +124,7 @@ def killed_and_resumed(tmp_path: Path, argv: list[str], out: Path, seed: int, co
     assert main(argv) == 0, f"re-run after a kill at {point}"
     assert tree(out) == tree(ref), f"killed at {point}"
     assert dataset_info(out)["incomplete"] is None and validate_dataset(out) == []
+    assert main(argv) == 0 and tree(out) == tree(ref), "re-running a finished command changes nothing"
 
 
 # ---- vla data convert / merge -------------------------------------------------------------------------------
@@ -316,3 +319,49 @@ def _no_swap_in_checkpoint() -> None:
     import vla.train.checkpoint
 
     vla.train.checkpoint.swap_folders = lambda a, b: False
+
+
+# ---- kills at random moments (not only at the named points) ---------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["sim generate", "data convert", "data merge"])
+def test_repeated_kills_at_random_moments_then_a_rerun_give_the_uninterrupted_dataset(
+    tmp_path: Path, command: str
+) -> None:
+    """The real command line SIGKILLed after seeded random delays, several times in a row (whatever it was doing:
+    simulating, encoding, staging, committing), then run to the end: the uninterrupted run's files."""
+    out = tmp_path / "out"
+    if command == "sim generate":
+        argv = ["sim", "generate", "--embodiment", "panda", "--task", "reach", "--episodes", "4", "--out", str(out),
+                "--image-size", "32", "--vcodec", "h264"]  # fmt: skip
+    else:
+        a = small_source(tmp_path / "a", seed=1, num_episodes=6)
+        b = small_source(tmp_path / "b", seed=2, num_episodes=6)
+        argv = (["data", "convert", str(a), str(out), "--to", "lerobot", "--vcodec", "h264"]
+                if command == "data convert" else ["data", "merge", str(a), str(b), "--out", str(out)])  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cli = [sys.executable, "-m", "vla.cli", *argv]
+    start = time.monotonic()
+    subprocess.run(cli, env=env, cwd=REPO, check=True, capture_output=True, timeout=600)
+    duration = time.monotonic() - start  # of a whole run, start-up included: kills land anywhere in it
+    ref = tmp_path / "ref"
+    out.rename(ref)
+    rng = random.Random(0)
+    kills, latest = 0, 1.0
+    for _ in range(10):
+        proc = subprocess.Popen(cli, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=rng.uniform(0.2, latest) * duration)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            kills += 1
+            if kills == 3:
+                break
+            continue
+        if kills:  # finished after earlier kills: the re-run below has nothing left to do
+            break
+        shutil.rmtree(out)  # finished before any kill (this run was faster than the timed one): kill sooner
+        latest *= 0.7
+    assert kills, "every run finished before its kill"
+    assert main(argv) == 0  # finishes the dataset (nothing to do when a run above finished it)
+    assert tree(out) == tree(ref)

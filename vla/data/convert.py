@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.readers import DatasetReader, open_dataset
-from vla.data.readers.lerobot_meta import writing_command
+from vla.data.readers.lerobot_meta import PROGRESS_FILE
 from vla.data.writers.progress import begin, finish, save_progress
 
 log = logging.getLogger(__name__)
@@ -96,11 +96,11 @@ class ConvertSummary:
 
 
 def _prepare_destination(dst: Path, overwrite: bool) -> None:
-    """Refuse an existing destination unless it holds a dataset this command was writing (it resumes) or
-    ``overwrite`` and it holds a dataset (never a folder of other files)."""
+    """Refuse an existing destination unless it holds a dataset this command wrote (it resumes, or has nothing left
+    to do) or ``overwrite`` and it holds a dataset (never a folder of other files)."""
     if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
         return
-    resumable = writing_command(dst) is not None  # an interrupted run of this command: resume it
+    resumable = (dst / "meta" / PROGRESS_FILE).is_file()  # written by this command: resume (or nothing to do)
     if resumable and not overwrite:
         return  # progress.begin checks that this command, with these settings, wrote it
     is_dataset = resumable or (dst / "meta" / "info.json").is_file()
@@ -223,10 +223,10 @@ def convert_dataset(
 ) -> ConvertSummary:
     """Convert ``src`` into a LeRobot v3.0 dataset at ``dst``; returns what was written (``ConvertSummary``).
 
-    ``dst`` must not exist yet (or be an empty folder), or hold a conversion this same call was writing when it was
-    interrupted: it resumes where that one stopped and gives the same files an uninterrupted run gives (until it
-    finishes, the dataset is marked incomplete, see ``vla.data.writers.progress``). ``overwrite`` replaces an
-    existing dataset there. Every split is kept (``split`` restricts to one); ``max_episodes`` caps the episodes
+    ``dst`` must not exist yet (or be an empty folder), or hold the output of this same call: one that was
+    interrupted resumes where it stopped and gives the same files an uninterrupted run gives (until it finishes,
+    the dataset is marked incomplete, see ``vla.data.writers.progress``); a finished one is left as it is and its
+    summary returned. ``overwrite`` replaces an existing dataset there. Every split is kept (``split`` restricts to one); ``max_episodes`` caps the episodes
     over all splits. ``progress``: a progress bar on stderr (``None``: only when stderr is a terminal).
     """
     if to != "lerobot":

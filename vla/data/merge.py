@@ -28,7 +28,7 @@ from tqdm import tqdm
 from vla.data import video
 from vla.data.convert import writer_episode_metadata
 from vla.data.readers.lerobot import LeRobotReader
-from vla.data.readers.lerobot_meta import writing_command
+from vla.data.readers.lerobot_meta import PROGRESS_FILE
 from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
 from vla.data.writers.lerobot_episode import EncodedEpisode
 from vla.data.writers.progress import begin, finish
@@ -147,13 +147,13 @@ def _episodes_by_split(readers: list[LeRobotReader]) -> list[tuple[str, LeRobotR
 
 
 def _prepare_out(out: Path, sources: list[str | Path], overwrite: bool) -> None:
-    """Refuse an ``out`` that is a source or a non-empty folder, unless it holds a merge this command was writing
-    (it resumes) or ``overwrite`` and it holds a dataset."""
+    """Refuse an ``out`` that is a source or a non-empty folder, unless it holds a merge this command wrote (it
+    resumes, or has nothing left to do) or ``overwrite`` and it holds a dataset."""
     if out.resolve() in {Path(s).resolve() for s in sources}:
         raise FileExistsError(f"--out {out} is one of the sources; merge into a new folder")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
-    resumable = writing_command(out) is not None  # an interrupted run of this command: resume it
+    resumable = (out / "meta" / PROGRESS_FILE).is_file()  # written by this command: resume (or nothing to do)
     if resumable and not overwrite:
         return  # progress.begin checks that this command, with these sources, wrote it
     is_dataset = resumable or (out / "meta" / "info.json").is_file()
@@ -199,7 +199,7 @@ def merge_datasets(
     metadata is kept. Videos are stream-copied where possible (see the module docstring), low-dim features
     rewritten. ``overwrite`` replaces a dataset already at ``out``; an ``out`` this same merge was writing when it
     was interrupted is resumed (the same files as an uninterrupted run; marked incomplete until it finishes, see
-    ``vla.data.writers.progress``). ``progress``: a progress bar on stderr (``None``: only when stderr is a
+    ``vla.data.writers.progress``), a finished one left as it is. ``progress``: a progress bar on stderr (``None``: only when stderr is a
     terminal).
     """
     out = Path(out)

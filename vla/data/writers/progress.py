@@ -28,6 +28,11 @@ from vla.data.writers.staging import recover
 from vla.faults import kill_point
 
 
+class OtherSettingsError(FileExistsError, ValueError):
+    """The destination holds a dataset a writing command started with other settings (a ``FileExistsError``, as
+    for any occupied destination, and a ``ValueError``: the settings are what is wrong)."""
+
+
 @dataclass
 class WriteProgress:
     """What a dataset-writing command has done so far (see the module docstring)."""
@@ -73,7 +78,7 @@ def save_progress(root: str | Path, progress: WriteProgress) -> None:
 
 def begin(root: str | Path, command: str, config: dict[str, Any], *, replace_hint: str = "") -> WriteProgress:
     """Open ``root`` for a write by ``command`` with ``config``: a new record for a new dataset, or the one a
-    previous run of the same command left (to resume). An interrupted commit is finished first (every writing
+    previous run of the same command left (to resume; to do nothing when it is complete). An interrupted commit is finished first (every writing
     command recovers the dataset before reading it). Refuses a dataset written with other settings; ``replace_hint``
     ends that error (e.g. `` (or pass --overwrite to replace it)``)."""
     root = Path(root)
@@ -88,7 +93,7 @@ def begin(root: str | Path, command: str, config: dict[str, Any], *, replace_hin
         shown = ", ".join(f"{k}: {progress.config.get(k)!r} then, {config.get(k)!r} now" for k in diff)
         state = "holds the output of" if progress.complete else "was being written by"
         fix = "W" if progress.complete else "Re-run that command to finish it, or w"
-        raise ValueError(
+        raise OtherSettingsError(
             f"{root} {state} `{progress.command}`; these settings differ ({shown}). "
             f"{fix}rite to a new destination{replace_hint}"
         )
