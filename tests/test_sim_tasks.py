@@ -216,3 +216,16 @@ def test_truncates_at_max_steps() -> None:
     home = env.world.robot.home_action().astype(np.float32)
     out = [env.step(home) for _ in range(3)]
     assert [o[3] for o in out] == [False, False, True]
+
+
+def test_a_simulation_that_blows_up_ends_the_episode_as_a_failure() -> None:
+    """MuJoCo answers a blown-up state (here: joint speeds past its 1e10 bound) by resetting to the home pose and
+    counting a warning; the env must not carry on from there, and never report a success on the reset state."""
+    env = make("widowx", "reach", image_size=16)
+    env.reset(seed=0)
+    _, _, terminated, truncated, info = env.step(env.expert_action())
+    assert not info["physics_diverged"] and not truncated
+    env.world.data.qvel[:] = 1e12
+    _, reward, terminated, truncated, info = env.step(env.expert_action())
+    assert info["physics_diverged"] and truncated and not terminated and reward == 0.0 and not info["success"]
+    env.close()

@@ -104,7 +104,7 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
     frames = [obs["images"]["primary"]] if record else []
     queue: list[np.ndarray] = []
     policy_s = sim_s = 0.0
-    steps, calls, success = 0, 0, False
+    steps, calls, success, diverged = 0, 0, False, False
     while True:
         if not queue:
             t0 = time.perf_counter()
@@ -121,12 +121,14 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
             frames.append(obs["images"]["primary"])
         if terminated or truncated:
             success = bool(step_info["success"])
+            diverged = bool(step_info.get("physics_diverged", False))
             break
     row = {
         "index": index,
         "seed": seed,
         "success": success,
         "steps": steps,
+        "physics_diverged": diverged,  # the simulation blew up (a failure, ended there)
         "policy_calls": getattr(policy, "queries", calls),  # a broker-driven policy counts its chunk requests
         "instruction": info["instruction"],
         "task": cfg.task,

@@ -151,11 +151,17 @@ class VLASimEnv(gym.Env):
         substeps = self.substeps * self._period_scale
         if self._jitter_std > 0:
             substeps *= 1.0 + self._rng.normal(0.0, self._jitter_std)
+        warnings_before = self.world.instability_warnings()
         self.world.step(max(1, round(substeps)))
         self.step_index += 1
-        success = bool(self.task.success(self.world, self.setup))
-        truncated = self.step_index >= self.max_steps and not success
-        info = {"instruction": self.instruction, "task": self.task.name, "success": success}
+        # MuJoCo resets the state to the model's home pose when the simulation blows up (non-finite or huge
+        # positions, velocities or accelerations) and only counts a warning: the episode cannot go on from there,
+        # and a success detected on the reset state would be false. End it as a failure, flagged.
+        diverged = self.world.instability_warnings() > warnings_before
+        success = not diverged and bool(self.task.success(self.world, self.setup))
+        truncated = diverged or (self.step_index >= self.max_steps and not success)
+        info = {"instruction": self.instruction, "task": self.task.name, "success": success,
+                "physics_diverged": diverged}  # fmt: skip
         return self._obs(), float(success), success, truncated, info
 
     def render(self) -> np.ndarray | None:

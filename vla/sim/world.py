@@ -73,6 +73,16 @@ class World:
         """Advance ``n`` physics steps of ``model.opt.timestep`` s with the current controls."""
         mujoco.mj_step(self.model, self.data, nstep=n)
 
+    def instability_warnings(self) -> int:
+        """How many times MuJoCo has found the simulation unstable (bad positions, velocities or accelerations) and
+        reset it, so far; an increase over a step means the state after it is not a continuation of the one before."""
+        kinds = (
+            mujoco.mjtWarning.mjWARN_BADQPOS,
+            mujoco.mjtWarning.mjWARN_BADQVEL,
+            mujoco.mjtWarning.mjWARN_BADQACC,
+        )
+        return sum(int(self.data.warning[int(k)].number) for k in kinds)
+
     def recompile(self) -> None:
         """Recompile after editing ``spec`` (e.g. added objects), keeping the state of unchanged elements."""
         self.model, self.data = self.spec.recompile(self.model, self.data)
