@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from vla.data.collate import collate
 from vla.embodiments import EmbodimentSpec, get_embodiment
 from vla.models.config import ModelConfig, load_model_config
 from vla.models.policies.flow_vla import FlowVLA
@@ -35,45 +37,44 @@ def synthetic_batch(
     seed: int = 0,
     embodiments: list[str] | None = None,
 ) -> Batch:
-    """A mixed-embodiment ``Batch`` in the loader's layout (embodiments alternate; each sample has the spec's
-    cameras), with seeded random pixels, states and actions and a few padded steps."""
+    """A mixed-embodiment ``Batch`` padded by the loader's own ``collate`` (embodiments alternate; each sample has
+    its spec's cameras ``[1, H, W, 3]``, state ``[state_dim]`` and actions ``[horizon, action_dim]``), with seeded
+    random pixels, states and actions; sample 0 ends two steps before its chunk does."""
     g = torch.Generator().manual_seed(seed)
     names = embodiments or [list(model.embodiment_ids)[i % len(model.specs)] for i in range(batch_size)]
     specs = [model.spec(n) for n in names]
     s_max, a_max = max(s.state_dim for s in specs), max(s.action_dim for s in specs)
     slots = sorted({slot for s in specs for slot in s.cameras})
     h, w = image_hw
+    # Drawn batch-wide (one generator, fixed order) so golden values do not depend on the embodiment mix.
     images = {
         slot: torch.randint(0, 256, (batch_size, 1, h, w, 3), generator=g, dtype=torch.uint8)
         for slot in slots
     }
-    image_mask = {slot: torch.tensor([slot in s.cameras for s in specs]) for slot in slots}
-    for slot in slots:
-        images[slot][~image_mask[slot]] = 0
     state = torch.randn(batch_size, s_max, generator=g)
-    state_mask = torch.zeros(batch_size, s_max, dtype=torch.bool)
     actions = torch.randn(batch_size, horizon, a_max, generator=g)
-    action_mask = torch.zeros(batch_size, a_max, dtype=torch.bool)
-    for i, s in enumerate(specs):
-        state_mask[i, : s.state_dim] = True
-        action_mask[i, : s.action_dim] = True
-    state, actions = state * state_mask, actions * action_mask[:, None, :]
-    is_pad = torch.zeros(batch_size, horizon, dtype=torch.bool)
-    is_pad[0, horizon - 2 :] = True  # sample 0 ends two steps before its chunk does
+    is_pad = np.zeros((batch_size, horizon), dtype=bool)
+    is_pad[0, horizon - 2 :] = True
     prompts = [
         "pick up the red cube",
         "open the top drawer",
         "push the blue block to the left",
         "stack the cups",
     ]
-    return Batch(
-        images=images,
-        image_mask=image_mask,
-        state=state,
-        state_mask=state_mask,
-        actions=actions,
-        action_mask=action_mask,
-        action_is_pad=is_pad,
-        prompt=[prompts[i % len(prompts)] for i in range(batch_size)],
-        embodiment_id=torch.tensor([model.embodiment_ids[n] for n in names], dtype=torch.int64),
-    )
+    samples = [
+        {
+            "images": {slot: images[slot][i] for slot in spec.cameras},
+            "state": state[i, : spec.state_dim].numpy(),
+            "actions": actions[i, :, : spec.action_dim].numpy(),
+            "action_is_pad": is_pad[i],
+            "prompt": prompts[i % len(prompts)],
+            "embodiment": spec.name,
+            "dataset": "synthetic",
+            "episode": i,
+            "frame": 0,
+        }
+        for i, spec in enumerate(specs)
+    ]
+    batch = collate(samples, model.embodiment_ids)
+    assert isinstance(batch, Batch)  # only skipped samples collate to a list of messages
+    return batch
