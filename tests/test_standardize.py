@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from vla.config import DataConfig, load_config
 from vla.data.keymaps import KEYMAPS, KeyMap, KeyMapError, Part, parse_feature_type, raw, zeros
 from vla.data.keymaps.lerobot import assign_camera_slots, camera_slot, generic_keymap_reason
 from vla.data.readers.base import FeatureInfo, RawEpisode
@@ -28,6 +29,7 @@ from vla.data.standardize import (
     standardize_episode,
     standardize_frame,
 )
+from vla.data.windows import standardize_options
 from vla.embodiments import get_embodiment
 from vla.types import IMAGE_SLOTS
 
@@ -288,6 +290,26 @@ def test_drop_first_option_overrides_the_map() -> None:
     assert standardize_episode(reader, "train", 0).frames[0] == 1
     kept = standardize_episode(reader, "train", 0, options=StandardizeOptions(drop_first=0))
     assert kept.frames[0] == 0 and kept.frames[-1] == 28  # the relabel still drops the last frame
+
+
+def test_data_config_standardize_reaches_the_options() -> None:
+    cfg = load_config(
+        DataConfig,
+        {
+            "datasets": ["any"],
+            "seed": 5,
+            "standardize": {
+                "drop_first": 0,
+                "drop_last": 2,
+                "language_choice": "random",
+                "idle_filter": True,
+                "success_only": True,
+            },
+        },
+    )
+    assert standardize_options(cfg) == StandardizeOptions(
+        drop_first=0, drop_last=2, language_choice="random", seed=5, idle_filter=True, success_only=True
+    )
 
 
 def test_language_table_code_points_are_decoded() -> None:

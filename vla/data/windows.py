@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,9 @@ class Source:
 
 
 def standardize_options(cfg: DataConfig) -> StandardizeOptions:
-    """The ``StandardizeOptions`` a ``DataConfig`` asks for (seeded by ``data.seed``)."""
-    st = cfg.standardize
-    return StandardizeOptions(
-        drop_first=st.drop_first,
-        drop_last=st.drop_last,
-        language_choice=st.language_choice,
-        seed=cfg.seed,
-        idle_filter=st.idle_filter,
-        success_only=st.success_only,
-    )
+    """The ``StandardizeOptions`` a ``DataConfig`` asks for: every ``data.standardize`` field as it is, seeded by
+    ``data.seed``."""
+    return StandardizeOptions(**asdict(cfg.standardize), seed=cfg.seed)
 
 
 def build_source(
