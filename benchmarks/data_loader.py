@@ -28,7 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import PEER_DIR, PEER_VENV, emit, peak_rss_mb, run_child, run_peer, stats3
+from harness import PEER_DIR, PEER_VENV, cpu_model, emit, peak_rss_mb, run_child, run_peer, stats3
 
 PEER_CACHE = Path(os.environ.get("PEER_LEROBOT_CACHE", "/tmp/peer_lerobot_cache"))
 PEER_DATASET = PEER_CACHE / "lerobot_v3_sample"
@@ -219,6 +219,7 @@ def main() -> None:
     rlds_path = ensure_rlds_dataset(lerobot_path)
     res: dict = {
         "benchmark": "data_loader",
+        "cpu_model": cpu_model(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "cpu_count": os.cpu_count(),
         "setting": {

@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from harness import emit
+from harness import cpu_model, emit
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:

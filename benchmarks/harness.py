@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -15,6 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 PEER_DIR = REPO.parent / "shared" / "peer"
 PEER_VENV = Path(os.environ.get("PEER_VENV", Path(os.environ.get("TMPDIR", "/tmp")) / "peer-venv"))
 CHILD_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def cpu_model() -> str:
+    """``lscpu``'s model name, recorded with every result (kernels and ratios differ between CPU families)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
+        )
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 def stats3(xs: list[float]) -> dict[str, float]:

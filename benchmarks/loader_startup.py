@@ -24,23 +24,15 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from harness import emit, run_child, stats3
+from harness import cpu_model, emit, run_child, stats3
 
 CACHE = Path(os.environ.get("VLA_BENCH_CACHE", "/tmp/vla_bench_data"))
 IMAGE = (48, 64, 3)
 PER_SHARD = 45  # episodes per shard file
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next(
-        (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), ""
-    )
 
 
 def ensure_dataset(episodes: int, min_len: int, max_len: int) -> tuple[Path, float | None]:

@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import emit, peak_rss_mb, run_child, run_in_peer_venv, run_peer, stats3
+from harness import cpu_model, emit, peak_rss_mb, run_child, run_in_peer_venv, run_peer, stats3
 
 TASKS = [
     "pick up the red cube and place it in the bowl",
@@ -231,6 +231,7 @@ def main() -> None:
     common = {"threads": args.threads, "iters": args.iters, "warmup": args.warmup}
     res: dict = {
         "benchmark": "model",
+        "cpu_model": cpu_model(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "cpu_count": os.cpu_count(),
         "config": "configs/model/bench_smolvla.yaml",

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import REPO, emit
+from harness import REPO, cpu_model, emit
 from model import BENCH_SPEC, TASKS
 
 IMAGE = 224
@@ -40,16 +40,6 @@ IMAGE = 224
 
 def progress(message: str) -> None:
     print(f"[serve bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except OSError:
-        return "unknown"
-    return next(
-        (ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "unknown"
-    )
 
 
 def write_checkpoint(out: Path) -> Path:

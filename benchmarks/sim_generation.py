@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import emit
+from harness import cpu_model, emit
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -71,6 +71,7 @@ def main() -> None:
     raw_equivalent = steps * env.substeps / raw_rate
     res = {
         "benchmark": "sim_generation",
+        "cpu_model": cpu_model(),
         "embodiment": args.embodiment,
         "task": args.task,
         "image_size": args.image_size,

@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import REPO, emit, run_child, run_in_peer_venv, stats3
+from harness import REPO, cpu_model, emit, run_child, run_in_peer_venv, stats3
 
 BENCH_DIR = Path(__file__).resolve().parent
 OWN_CACHE = Path(os.environ.get("VLA_BENCH_CACHE", "/tmp/vla_bench_data"))
@@ -78,13 +78,6 @@ def write_stats(dataset: Path, env: dict[str, str]) -> Path:
     vla_cli = [sys.executable, "-m", "vla.cli"]
     subprocess.run([*vla_cli, "data", "stats", str(dataset), "--out", str(out)], check=True, env=env)
     return out
-
-
-def cpu_model() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 # ---- our side (child process) ------------------------------------------------------------------------------------

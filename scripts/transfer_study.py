@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import date
@@ -41,6 +39,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from harness import cpu_model  # noqa: E402
 
 from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, TASK, Demo, DemoSizes  # noqa: E402
 from vla.eval.stats import wilson_interval  # noqa: E402
@@ -192,16 +193,6 @@ def plot(summary: dict[str, Any], levels: tuple[str, str], out: Path, title: str
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
