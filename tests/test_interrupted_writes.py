@@ -365,3 +365,34 @@ def test_repeated_kills_at_random_moments_then_a_rerun_give_the_uninterrupted_da
     assert kills, "every run finished before its kill"
     assert main(argv) == 0  # finishes the dataset (nothing to do when a run above finished it)
     assert tree(out) == tree(ref)
+
+
+@pytest.mark.slow
+def test_sim_generate_workers_die_with_a_killed_run(tmp_path: Path) -> None:
+    """SIGKILL of a ``--workers 2`` run: no worker goes on simulating episodes nobody will write."""
+    token = f"vla-test-{os.getpid()}-{random.random()}"
+    argv = ["sim", "generate", "--embodiment", "panda", "--task", "reach", "--episodes", "4", "--out",
+            str(tmp_path / "sim"), "--image-size", "32", "--vcodec", "h264", "--workers", "2"]  # fmt: skip
+    env = dict(
+        os.environ, **{KILL_ENV: "lerobot.committed:1", "PYTHONPATH": str(REPO), "VLA_TEST_TOKEN": token}
+    )
+    log = tmp_path / "log"
+    with log.open("w") as out:  # a file, not a pipe: waiting for a pipe's EOF would wait for the workers too
+        proc = subprocess.run([sys.executable, "-m", "vla.cli", *argv], env=env, stdout=out, stderr=out,
+                              timeout=300, cwd=REPO)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, log.read_text()[-2000:]
+
+    def survivors() -> list[str]:
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if token.encode() in environ.read_bytes():
+                    found.append(environ.parent.name)
+            except OSError:  # exited meanwhile, or not ours to read
+                pass
+        return found
+
+    deadline = time.monotonic() + 1.5  # dying with the run is immediate; finishing queued episodes is not
+    while survivors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not survivors(), "pool workers outlived the killed run"

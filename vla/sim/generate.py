@@ -32,6 +32,7 @@ import logging
 import multiprocessing as mp
 import os
 import shlex
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -199,6 +200,17 @@ def _worker(args: tuple[GenerateConfig, int]) -> dict[str, Any]:
     return produce_episode(*args)
 
 
+def _die_with_parent() -> None:
+    """Pool initializer: on Linux, the worker is SIGKILLed when the generating process dies (even by SIGKILL), so
+    a killed run leaves no workers simulating episodes nobody will write."""
+    if sys.platform == "linux":
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 # ---- the run ----------------------------------------------------------------------------------------------
 #: the progress file of datasets generated before every writing command shared ``vla.data.writers.progress``
 LEGACY_PROGRESS_FILE = "vla_sim_progress.json"
@@ -278,7 +290,7 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
     if not todo:
         finish(out, progress)
         return counts
-    pool = mp.get_context("spawn").Pool(cfg.workers) if cfg.workers > 1 else None
+    pool = mp.get_context("spawn").Pool(cfg.workers, _die_with_parent) if cfg.workers > 1 else None
     results: Iterator[dict[str, Any]] = (
         pool.imap(_worker, [(cfg, i) for i in todo])
         if pool is not None
