@@ -350,3 +350,25 @@ def test_select_mode_times_candidates_and_keeps_an_accurate_one() -> None:
     assert mode == fastest.mode
     want = torch.bfloat16 if mode.dtype == "bfloat16" else torch.float32
     assert policy.model.embodiment_tokens.weight.dtype == want  # left prepared in the chosen mode
+
+
+def test_connection_limit_refuses_the_extra_client_with_a_message_and_frees_its_slot() -> None:
+    """`--max-connections`: a handshake past the limit gets HTTP 503 naming the limit and the flag, before any model
+    work; the connected client keeps its connection, and a slot freed by a client leaving is usable again."""
+    from starlette.testclient import TestClient, WebSocketDenialResponse
+
+    from vla.serving.server import ServeOptions, ServingApp
+
+    serving = ServingApp(_policy(), ServeOptions(max_connections=1))
+    with TestClient(serving.app) as client:
+        with client.websocket_connect("/") as first:
+            assert first.receive_bytes()  # the metadata frame
+            with pytest.raises(WebSocketDenialResponse) as refused, client.websocket_connect("/"):
+                pass
+            assert refused.value.status_code == 503
+            assert "too many connections (limit 1, --max-connections)" in refused.value.text
+            assert serving.connections == 1
+        with client.websocket_connect("/") as again:
+            assert again.receive_bytes()
+    assert 'vla_serve_errors_total{kind="limit"} 1.0' in serving.metrics.render().decode()
+    serving.batcher.close(timeout=30)
