@@ -521,12 +521,8 @@ class LeRobotWriter:
     def _check_video(self, key: str, path: Path, length: int) -> None:
         """An episode's stream must have the feature's size and the episode's frame count (0: not probed)."""
         got = video.probe_video(path)
-        if [got["video.height"], got["video.width"]] != self.features[key]["shape"][:2] or got[
-            "frames"
-        ] not in (
-            0,
-            length,
-        ):
+        size_ok = [got["video.height"], got["video.width"]] == self.features[key]["shape"][:2]
+        if not size_ok or got["frames"] not in (0, length):
             raise ValueError(
                 f"{self.root}: {key!r} video is {got['video.height']}x{got['video.width']}, {got['frames']} "
                 f"frames; the feature needs {self.features[key]['shape'][:2]} and {length} frames"
