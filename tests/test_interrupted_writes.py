@@ -396,3 +396,19 @@ def test_sim_generate_workers_die_with_a_killed_run(tmp_path: Path) -> None:
     while survivors() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not survivors(), "pool workers outlived the killed run"
+
+
+@pytest.mark.parametrize("command", ["convert", "merge"])
+def test_a_kill_before_the_first_progress_record_leaves_a_destination_the_rerun_takes(
+    tmp_path: Path, command: str
+) -> None:
+    """Killed while writing its very first progress record, a command leaves only that record's temporary file:
+    the re-run starts afresh instead of refusing a non-empty folder."""
+    src = small_source(tmp_path / "src")
+    out = tmp_path / "out"
+    (out / "meta").mkdir(parents=True)
+    (out / "meta" / ".vla_progress.json.tmp").write_text('{"comm')
+    argv = (["data", "convert", str(src), str(out), "--to", "lerobot", "--vcodec", "h264"] if command == "convert"
+            else ["data", "merge", str(src), "--out", str(out)])  # fmt: skip
+    assert main(argv) == 0
+    assert LeRobotReader(out).num_episodes("train") == 3 and LeRobotReader(out).incomplete is None

@@ -27,7 +27,7 @@ import numpy as np
 
 from vla.data.readers import DatasetReader, open_dataset
 from vla.data.readers.lerobot_meta import PROGRESS_FILE
-from vla.data.writers.progress import begin, finish, save_progress
+from vla.data.writers.progress import begin, finish, save_progress, unstarted
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class ConvertSummary:
 def _prepare_destination(dst: Path, overwrite: bool) -> None:
     """Refuse an existing destination unless it holds a dataset this command wrote (it resumes, or has nothing left
     to do) or ``overwrite`` and it holds a dataset (never a folder of other files)."""
-    if not dst.exists() or (dst.is_dir() and not any(dst.iterdir())):
+    if not dst.exists() or (dst.is_dir() and unstarted(dst)):
         return
     resumable = (dst / "meta" / PROGRESS_FILE).is_file()  # written by this command: resume (or nothing to do)
     if resumable and not overwrite:

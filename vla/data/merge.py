@@ -31,7 +31,7 @@ from vla.data.readers.lerobot import LeRobotReader
 from vla.data.readers.lerobot_meta import PROGRESS_FILE
 from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
 from vla.data.writers.lerobot_episode import EncodedEpisode
-from vla.data.writers.progress import begin, finish
+from vla.data.writers.progress import begin, finish, unstarted
 
 VideoStats = dict[str, dict[str, np.ndarray]]  # video key -> stat name -> array
 
@@ -151,7 +151,7 @@ def _prepare_out(out: Path, sources: list[str | Path], overwrite: bool) -> None:
     resumes, or has nothing left to do) or ``overwrite`` and it holds a dataset."""
     if out.resolve() in {Path(s).resolve() for s in sources}:
         raise FileExistsError(f"--out {out} is one of the sources; merge into a new folder")
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if not out.exists() or (out.is_dir() and unstarted(out)):
         return
     resumable = (out / "meta" / PROGRESS_FILE).is_file()  # written by this command: resume (or nothing to do)
     if resumable and not overwrite:

@@ -66,6 +66,13 @@ def read_progress(root: str | Path) -> WriteProgress | None:
         ) from e
 
 
+def unstarted(root: str | Path) -> bool:
+    """Whether the folder ``root`` holds nothing but what a write killed before its first record left (the record's
+    temporary file, empty folders): a destination to start afresh, not someone else's files."""
+    leftovers = {progress_path(root).with_name(f".{PROGRESS_FILE}.tmp")}
+    return all(p.is_dir() or p in leftovers for p in Path(root).rglob("*"))
+
+
 def save_progress(root: str | Path, progress: WriteProgress) -> None:
     """Replace the record in one rename (a kill leaves the old or the new one)."""
     path = progress_path(root)
