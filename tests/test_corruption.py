@@ -191,6 +191,63 @@ def test_validate_reports_totals_that_disagree_with_the_episodes(
     assert kinds(found) == {"totals"} and str(root / "meta" / "info.json") in found[0]["where"]
 
 
+def duplicate_last_episode(root: Path) -> None:
+    def fn(c: dict[str, list]) -> None:
+        for values in c.values():
+            values.append(values[-1])
+
+    edit_parquet(episodes_parquet(root), fn)
+
+
+INFO = Path("meta/info.json")
+
+
+@pytest.mark.parametrize(
+    ("damage", "named", "message"),
+    [
+        (lambda r: (r / INFO).write_text("[]"), INFO, "not a JSON object"),
+        (lambda r: edit_json(r / INFO, lambda i: i.update(features=[1, 2])), INFO, "'features' must map"),
+        (lambda r: edit_json(r / INFO, lambda i: i.update(fps=0)), INFO, "fps must be a positive number"),
+        (lambda r: edit_json(r / INFO, lambda i: i.update(data_path="data/{nope}.parquet")), INFO, "data_path"),
+        (duplicate_last_episode, Path("meta/episodes/chunk-000/file-000.parquet"), "listed more than once"),
+    ],
+    ids=["info_not_object", "features_not_object", "fps_zero", "bad_data_path", "duplicate_episode"],
+)  # fmt: skip
+def test_damaged_lerobot_metadata_is_one_named_error(
+    clean_lerobot: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Callable[[Path], None],
+    named: Path,
+    message: str,
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    damage(root)
+    with pytest.raises(DatasetFormatError, match=message):
+        build_loader(loader_cfg(root))
+    line = cli_error(capsys, "data", "info", root)
+    assert f"{root / named}:" in line and message in line
+
+
+def test_damaged_rlds_features_spec_is_a_named_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = bridge_rlds(tmp_path)
+    edit_json(root / "features.json", lambda s: s["featuresDict"]["features"].update(steps=[]))
+    with pytest.raises(DatasetFormatError, match="not a TFDS features spec"):
+        open_dataset(root)
+    assert f"{root / 'features.json'}:" in cli_error(capsys, "data", "info", root)
+
+
+def test_validate_reports_empty_tasks_and_non_numeric_stats(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    edit_parquet(root / "meta" / "tasks.parquet", lambda c: c.update(task=[" ", *c["task"][1:]]))
+    (root / "meta" / "stats.json").write_text('{"action": {"mean": "x"}}')
+    assert kinds(problems(capsys, root)) == {"empty_task", "stats_json"}
+
+
 # ---- text that is not UTF-8 --------------------------------------------------------------------------------------
 def binary_tasks(root: Path, first: bytes, as_string: bool) -> None:
     """Store meta/tasks.parquet's task column as binary (or as a string column holding raw bytes)."""

@@ -2,7 +2,7 @@
 
 A reader reads what it can and raises on what it cannot; these checks find the disagreements that would
 otherwise pass silently: episode indices with gaps, ``meta/info.json`` totals that differ from the episode
-metadata, a ``meta/stats.json`` that is not JSON, a registered robot whose features the generic key map
+metadata, tasks without text, a ``meta/stats.json`` that is not JSON (or not numbers), a registered robot whose features the generic key map
 cannot use (e.g. no ``observation.state``), and timestamps that do not match ``frame_index / fps``.
 Each finding is a ``vla.data.validate.Problem`` with its file and a fix.
 """
@@ -58,6 +58,15 @@ def _episode_problems(reader: DatasetReader) -> list[Problem]:
                 "removed on purpose",
             )
         )
+    if empty := sorted(i for i, t in meta.tasks.items() if not t.strip()):
+        out.append(
+            Problem(
+                "empty_task",
+                f"{reader.path / 'meta'} tasks",
+                f"task_index {_listed(empty)} has no text, so its frames train with an empty prompt",
+                "write each episode's instruction into meta/tasks",
+            )
+        )
     frames = sum(ep.length for ep in meta.episodes.values())
     total = reader.lerobot_info().get("total_frames")  # type: ignore[attr-defined]
     if total is not None and int(total) != frames:
@@ -88,9 +97,20 @@ def _stats_json_problems(reader: DatasetReader) -> list[Problem]:
                 "'vla data stats')",
             )
         ]
-    if stats is not None and not isinstance(stats, dict):
+    bad = [
+        f"{key}/{name}"
+        for key, fields in (stats or {}).items()
+        for name, value in fields.items()
+        if value.dtype.kind not in "biuf"
+    ]
+    if bad:
         return [
-            Problem("stats_json", str(path), "not a JSON object of per-feature statistics", "recompute it")
+            Problem(
+                "stats_json",
+                str(path),
+                f"non-numeric statistics {bad[:MAX_LISTED]}",
+                "delete it and recompute the statistics (LeRobot's compute_stats)",
+            )
         ]
     return []
 

@@ -230,6 +230,10 @@ class LeRobotMetadata:
                 f"`{self.incomplete}` to write the dataset"
             )
         self.info: dict[str, Any] = read_json(self.path / "meta" / "info.json", "meta/info.json")
+        if not isinstance(self.info, dict):
+            raise DatasetFormatError(
+                f"{self.path / 'meta/info.json'}: not a JSON object (got {type(self.info).__name__}); restore it"
+            )
         self.version = str(self.info.get("codebase_version", "<missing>"))
         if self.version not in SUPPORTED_VERSIONS:
             raise DatasetFormatError(
@@ -243,6 +247,16 @@ class LeRobotMetadata:
             raise DatasetFormatError(
                 f"{self.path / 'meta/info.json'}: missing or invalid field {e}; fix meta/info.json"
             ) from e
+        if not np.isfinite(self.fps) or self.fps <= 0:  # timestamps and video frames are placed by it
+            raise DatasetFormatError(
+                f"{self.path / 'meta/info.json'}: fps must be a positive number, got {self.info['fps']!r}; "
+                "set it to the recording rate"
+            )
+        if not isinstance(raw_features, dict) or not all(isinstance(f, dict) for f in raw_features.values()):
+            raise DatasetFormatError(
+                f"{self.path / 'meta/info.json'}: 'features' must map each feature name to its "
+                "{'dtype', 'shape'} record; fix meta/info.json"
+            )
         self.features = self._parse_features(raw_features)
         if self.version == "v3.0":
             self.tasks = self._load_tasks_v3()
@@ -331,13 +345,18 @@ class LeRobotMetadata:
             keep = [c for c in names if not c.startswith("stats/")]
             for row in table_rows(read_parquet(path, "episode metadata", keep), path, "episode metadata"):
                 ep = int(row["episode_index"])
-                data_file = self.path / self.info["data_path"].format(
-                    chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
+                if ep in episodes:
+                    raise DatasetFormatError(
+                        f"{path}: episode_index {ep} is listed more than once in the episode metadata; "
+                        "re-create the dataset (the copies may disagree on where its frames are)"
+                    )
+                data_file = self._file(
+                    "data_path", chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
                 )
                 videos = {
                     k: (
-                        self.path
-                        / self.info["video_path"].format(
+                        self._file(
+                            "video_path",
                             video_key=k,
                             chunk_index=row[f"videos/{k}/chunk_index"],
                             file_index=row[f"videos/{k}/file_index"],
@@ -381,17 +400,36 @@ class LeRobotMetadata:
         }
         return unflatten(extra)
 
+    def _file(self, template: str, **fields: Any) -> Path:
+        """The file info.json's path ``template`` (``data_path``/``video_path``) names for ``fields``."""
+        pattern = self.info.get(template)
+        if not isinstance(pattern, str):
+            raise DatasetFormatError(
+                f"{self.path / 'meta/info.json'}: {template} is {pattern!r}, not a path template; fix meta/info.json"
+            )
+        try:
+            return self.path / str(pattern).format(**fields)
+        except (KeyError, IndexError, ValueError, AttributeError) as e:
+            raise DatasetFormatError(
+                f"{self.path / 'meta/info.json'}: {template} {pattern!r} cannot be filled with {sorted(fields)} "
+                f"({type(e).__name__}: {e}); fix it to LeRobot's template for codebase_version {self.version}"
+            ) from None
+
     def _load_episodes_v2(self) -> dict[int, EpisodeRecord]:
         chunks = int(self.info.get("chunks_size", 1000))
         video_keys = [k for k, f in self.features.items() if f.kind == "video"]
         episodes: dict[int, EpisodeRecord] = {}
         for row in read_jsonl(self.path / "meta" / "episodes.jsonl"):
             ep, chunk = int(row["episode_index"]), int(row["episode_index"]) // chunks
-            data_file = self.path / self.info["data_path"].format(episode_chunk=chunk, episode_index=ep)
+            if ep in episodes:
+                raise DatasetFormatError(
+                    f"{self.path / 'meta/episodes.jsonl'}: episode_index {ep} is listed more than once; "
+                    "re-create the dataset"
+                )
+            data_file = self._file("data_path", episode_chunk=chunk, episode_index=ep)
             videos = {
                 k: (
-                    self.path
-                    / self.info["video_path"].format(episode_chunk=chunk, video_key=k, episode_index=ep),
+                    self._file("video_path", episode_chunk=chunk, video_key=k, episode_index=ep),
                     0.0,
                 )
                 for k in video_keys

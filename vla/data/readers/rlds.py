@@ -67,7 +67,23 @@ class RLDSReader(DatasetReader):
         super().__init__(path)
         self.verify_crc = verify_crc
         self._info = self._load_json("dataset_info.json")
-        self._leaves = parse_features_json(self._load_json("features.json"), str(self.path / "features.json"))
+        try:
+            self._leaves = parse_features_json(
+                self._load_json("features.json"), str(self.path / "features.json")
+            )
+        except DatasetFormatError:
+            raise
+        except (
+            KeyError,
+            TypeError,
+            AttributeError,
+            ValueError,
+            IndexError,
+        ) as e:  # a damaged or foreign spec
+            raise DatasetFormatError(
+                f"{self.path / 'features.json'}: not a TFDS features spec ({type(e).__name__}: {e}); re-download "
+                "or re-export the dataset"
+            ) from None
         self._steps = [f for f in self._leaves if f.in_steps]
         self._meta = [f for f in self._leaves if not f.in_steps]
         if not self._steps:
