@@ -142,7 +142,7 @@ def _quiet_transformers() -> None:
 
 
 def cmd_model_init(args: argparse.Namespace) -> int:
-    from vla.models.hub import init_checkpoint
+    from vla.models.model_init import init_checkpoint
 
     _quiet_transformers()
     stats, found = None, None

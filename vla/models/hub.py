@@ -8,7 +8,7 @@ Layout (``vla_format_version`` 3)::
     embodiments/<name>.yaml  one spec per embodiment slot, in table order (config.model.embodiments)
     norm_stats.json        the normalization stats the model was trained with (when known)
     preprocessing.json     ``model.preprocessing``: how the training data was prepared (when known)
-    README.md              a generated model card
+    README.md              a generated model card (``vla.models.model_card``)
 
 Everything needed to rebuild the model is in the folder: loading never downloads, and the model is built on the
 meta device and given the file's tensors (no random initialisation first). A hub id works too when the repository
@@ -19,6 +19,8 @@ existing folder in one atomic exchange (``_publish``), and the old one deleted: 
 or the new checkpoint complete at the destination. The hidden ``.<name>.tmp-*`` / ``.<name>.old-*`` siblings a
 killed write leaves (gigabytes each for a large model) are removed by the next write to the same place (one writer
 per destination at a time).
+
+An untrained folder (``vla model init``) is written by ``vla.models.model_init``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from vla.faults import kill_point
 from vla.models.backbone import VLMBackbone
 from vla.models.config import ModelConfig, load_model_config
 from vla.models.meta import empty_weights, load_weights
+from vla.models.model_card import model_card, stats_coverage, stats_summary
 from vla.models.policies import POLICIES
 
 if TYPE_CHECKING:
@@ -268,130 +271,15 @@ def load_norm_stats(root: Path) -> StatsFile | None:
     return StatsFile.load(root / "norm_stats.json")
 
 
-def stats_coverage(stats: StatsFile | None, embodiments: list[str]) -> dict[str, bool]:
-    """Per embodiment: whether ``stats`` holds both its state and action stats, under its own key or one of its
-    per-dataset keys ``"<embodiment>@<dataset>"`` (what ``vla.policy.Policy`` can normalize with)."""
-    have = stats.stats if stats is not None else {}
-
-    def covered(name: str) -> bool:
-        keys = [k for k in have if k == name or k.startswith(f"{name}@")]
-        return any(all(f in have[k] for f in ("state", "action")) for k in keys)
-
-    return {name: covered(name) for name in embodiments}
-
-
-def stats_summary(stats: StatsFile | None, embodiments: list[str]) -> str:
-    """One line on a checkpoint's normalization stats: which embodiments have them, which do not."""
-    if stats is None:
-        return "not included (no norm_stats.json: untrained checkpoint, or `vla model init` without --stats-from)"
-    cover = stats_coverage(stats, embodiments)
-    have = [n for n, ok in cover.items() if ok]
-    missing = [n for n, ok in cover.items() if not ok]
-    line = f"included (`norm_stats.json`) for {', '.join(have) or 'no embodiment of this model'}"
-    if missing:
-        line += (
-            f"; no stats for {', '.join(missing)} (serving or evaluating those embodiments fails until a "
-            "checkpoint trained on their data, or initialized with `--stats-from` a dataset of theirs, replaces it)"
-        )
-    return line
-
-
-def model_card(model: FlowVLA) -> str:
-    """A Markdown model card: what the model is, its embodiments and parameter counts, how to load it.
-
-    Every number is read from the values ``config.json`` holds (``draccus.encode(model.cfg)``) and from the
-    embodiment specs saved next to it, so the card and the config cannot disagree."""
-    cfg = draccus.encode(model.cfg)
-    chunk = int(cfg["chunk_length"])
-    counts = model.parameter_counts()
-    rows = "\n".join(f"| {k} | {v['total']:,} | {v['trainable']:,} |" for k, v in counts.items())
-    cover = stats_coverage(model.norm_stats, [s.name for s in model.specs])
-    emb = "\n".join(
-        f"| {s.name} | {s.robot or '-'} | {s.state_dim} | {s.action_dim} | {min(s.chunk_length, chunk)} "
-        f"| {s.control_hz:g} | {', '.join(s.cameras)} | {'yes' if cover[s.name] else '**none**'} |"
-        for s in model.specs
-    )
-    backbone = cfg["backbone"]
-    return f"""---
-library_name: vla
-tags: [robotics, vision-language-action, flow-matching, cross-embodiment]
----
-# {cfg["policy"]} checkpoint
-
-A vision-language-action model written by vla {__version__}: the first {model.backbone.num_layers} language layers of
-the `{backbone["family"]}` backbone `{backbone["pretrained"]}` encode the camera images, the instruction
-and an embodiment token; a flow-matching action expert ({model.expert.width} wide, {len(model.expert.layers)} layers)
-attends to their keys/values and predicts action chunks through per-embodiment heads
-({cfg["flow"]["num_steps"]} Euler steps by default).
-
-Action chunk: `chunk_length: {chunk}` steps (`config.json`, `model.chunk_length`). An embodiment whose spec
-sets a shorter default chunk uses that one: the *chunk* column is min(spec `chunk_length`, {chunk}).
-
-## Embodiments
-
-| name | robot | state dim | action dim | chunk | Hz | cameras | norm stats |
-|---|---|---|---|---|---|---|---|
-{emb}
-
-## Parameters
-
-| component | total | trainable |
-|---|---|---|
-{rows}
-
-Normalization statistics: {stats_summary(model.norm_stats, [s.name for s in model.specs])}.
-
-## Use
-
-```python
-from vla.policy import Policy
-
-policy = Policy.from_checkpoint("path/to/this/folder")  # this checkpoint's own preprocessing and stats
-chunk = policy.infer(observation)  # vla.types.Observation -> chunk.actions [H, A] in the robot's units
-```
-"""
-
-
-def init_checkpoint(
-    config: str | Path,
-    out_dir: str | Path,
-    *,
-    embodiments: list[str] | None = None,
-    stats: StatsFile | None = None,
-    overrides: list[str] | None = None,
-    seed: int = 0,
-    overwrite: bool = False,
-) -> Path:
-    """``vla model init``: an untrained checkpoint of ``config`` for the given embodiments (default: the config's).
-
-    ``out_dir`` must not exist (or be an empty folder) unless ``overwrite``. ``stats`` must cover every embodiment
-    (state and action): a checkpoint whose embodiments lack stats could not normalize their observations."""
-    from vla.embodiments import get_embodiment
-
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise FileExistsError(
-                f"{out} exists{' and is not empty' if out.is_dir() else ''}; pass --overwrite to replace it, or "
-                "choose another --out"
-            )
-        if not (out / "config.json").is_file():
-            raise FileExistsError(
-                f"{out} exists but is not a vla checkpoint; --overwrite only replaces a checkpoint, choose another --out"
-            )
-    cfg = load_model_config(config, overrides)
-    names = embodiments or list(cfg.embodiments)
-    if not names:
-        raise ValueError(
-            "no embodiments: pass --embodiment NAME (repeatable) or set model.embodiments in the config"
-        )
-    if stats is not None and (missing := [n for n, ok in stats_coverage(stats, names).items() if not ok]):
-        where = f" in {stats.path}" if stats.path else ""
-        have = sorted(k for k in stats.stats if "@" not in k)
-        raise ValueError(
-            f"no normalization stats for {', '.join(missing)}{where} (it has: {', '.join(have) or 'none'}); pass "
-            f"--stats-from a dataset of {', '.join(missing)}, or drop --stats-from (or those --embodiment names)"
-        )
-    torch.manual_seed(seed)
-    model = POLICIES.get(cfg.policy)(cfg, [get_embodiment(n) for n in names], norm_stats=stats)
-    return save_pretrained(model, out)
+__all__ = [
+    "FORMAT_VERSION",
+    "PREPROCESSING",
+    "READS",
+    "from_pretrained",
+    "load_norm_stats",
+    "model_card",
+    "save_pretrained",
+    "stats_coverage",
+    "stats_summary",
+    "swap_folders",
+]
