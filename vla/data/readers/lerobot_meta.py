@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vla.data.nested import unflatten
 from vla.data.readers.base import DatasetFormatError, FeatureInfo
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
@@ -179,18 +180,6 @@ def list_parquet_files(folder: Path, what: str) -> list[Path]:
         for f in entries(Path(d.path))
         if f.name.endswith(".parquet") and f.is_file()
     ]
-
-
-def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{"a/b": 1}`` -> ``{"a": {"b": 1}}`` (the writer flattens nested episode metadata with ``/``)."""
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
 
 
 def writing_command(path: Path) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vla.data.nested import unflatten
 from vla.data.readers.tfds_spec import DEFAULT_TEMPLATE, shard_name
 from vla.data.readers.tfrecord import masked_crc32c
 
@@ -86,14 +87,7 @@ def _leaf_json(f: Feature) -> dict[str, Any]:
 
 def _dict_json(leaves: Mapping[str, Feature]) -> dict[str, Any]:
     """Nested ``FeaturesDict`` JSON from ``{"a/b/c": Feature}``."""
-    tree: dict[str, Any] = {}
-    for name, f in leaves.items():
-        *parents, last = name.split("/")
-        node = tree
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = f
-    return _tree_json(tree)
+    return _tree_json(unflatten(leaves))
 
 
 def _tree_json(tree: dict[str, Any]) -> dict[str, Any]:
