@@ -461,8 +461,17 @@ def truncate(path: Path) -> None:
         (lambda ck: truncate(ck / "model.safetensors"), "model.safetensors", "truncated or corrupt"),
         (lambda ck: (ck / "backbone" / "tokenizer.json").unlink(), "backbone/tokenizer.json", "tokenizer is missing"),
         (lambda ck: shutil.rmtree(ck / "backbone"), "backbone", "backbone folder is missing"),
+        (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors", "weights file is missing"),
+        (lambda ck: truncate(ck / "config.json"), "config.json", "not valid JSON"),
+        (lambda ck: truncate(ck / "backbone" / "tokenizer.json"), "backbone/tokenizer.json", "not valid JSON"),
+        (lambda ck: (ck / "backbone" / "tokenizer_config.json").unlink(), "backbone/tokenizer_config.json", "missing"),
+        (lambda ck: (ck / "backbone" / "vla_image_norm.json").write_bytes(b"\xff{"), "backbone/vla_image_norm.json",
+         "not valid JSON"),
+        (lambda ck: (ck / "embodiments" / "widowx_bridge.yaml").write_bytes(b"\xff:"), "embodiments/widowx_bridge.yaml",
+         "not UTF-8"),
     ],
-    ids=["truncated_weights", "no_tokenizer", "no_backbone"],
+    ids=["truncated_weights", "no_tokenizer", "no_backbone", "no_weights", "truncated_config", "truncated_tokenizer",
+         "no_tokenizer_config", "image_norm_not_utf8", "embodiment_not_utf8"],
 )  # fmt: skip
 def test_damaged_checkpoint_names_the_file(
     clean_checkpoint: Path,

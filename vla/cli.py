@@ -175,7 +175,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
     _quiet_transformers()
     target = resolve_checkpoint(args.target)  # a run folder means its newest complete step
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if (target / "config.json").is_file():  # a checkpoint folder (its weights file missing is an error there)
         from vla.models.hub import from_pretrained
 
         model = from_pretrained(target)

@@ -259,6 +259,8 @@ class EmbodimentSpec:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
             raise SpecError(f"{path}: not valid YAML: {e}") from e
+        except UnicodeDecodeError as e:
+            raise SpecError(f"{path}: not UTF-8 text ({e}); restore the file") from None
         return cls.from_dict(data, where=str(path))
 
     def to_yaml(self, path: str | Path) -> None:

@@ -44,6 +44,9 @@ def resolve_pretrained(name: str) -> str:
 #: or a SentencePiece ``tokenizer.model`` (without either, transformers asks for sentencepiece to convert one).
 BACKBONE_CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+#: Also written by every ``VLMBackbone.save``: without them the tokenizer's special tokens and the pixel
+#: normalization would silently fall back to defaults.
+REQUIRED_FILES = ("tokenizer_config.json", "vla_image_norm.json")
 
 
 def check_saved_backbone(folder: Path) -> None:
@@ -59,6 +62,17 @@ def check_saved_backbone(folder: Path) -> None:
             f"{folder / TOKENIZER_FILES[0]}: the backbone's tokenizer is missing (no {' or '.join(TOKENIZER_FILES)} "
             f"in {folder}); {fix}"
         )
+    for name in REQUIRED_FILES:
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name}: missing from the checkpoint's backbone folder; {fix}")
+    for name in (BACKBONE_CONFIG, TOKENIZER_FILES[0], *REQUIRED_FILES):
+        if (folder / name).is_file():
+            try:
+                json.loads((folder / name).read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+                raise ValueError(
+                    f"{folder / name}: not valid JSON ({e}); the file is damaged, {fix}"
+                ) from None
 
 
 def load_hf_vlm(

@@ -224,7 +224,10 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{root}: no config.json; this is not a vla checkpoint folder")
-    meta = json.loads(cfg_file.read_text())
+    try:
+        meta = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{cfg_file}: not valid JSON ({e}); restore it or re-save the checkpoint") from None
     version = int(meta.get("vla_format_version", 0))
     if version == 1:
         raise ValueError(
