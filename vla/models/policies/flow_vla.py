@@ -1,4 +1,8 @@
-"""``flow_vla``: VLM backbone prefix + shared flow-matching action expert + per-embodiment heads (DESIGN §5).
+"""``flow_vla``: VLM backbone prefix + shared flow-matching action expert + per-embodiment heads.
+
+The architecture of π0 (Black et al., 2024, "π0: A Vision-Language-Action Flow Model for General Robot Control",
+arXiv:2410.24164): the action expert attends to the VLM prefix's keys/values, so the prefix is computed once per
+observation and reused at every denoising step.
 
 Training: ``loss(batch)`` draws t ~ Beta(1.5, 1) (scaled into [t_min, 1]) and noise, forms
 x_t = t * noise + (1 - t) * actions, and regresses the expert's velocity onto u = noise - actions with a masked
@@ -6,8 +10,10 @@ MSE over each sample's valid action dims and non-padded steps (reported per embo
 Inference: ``sample_actions(batch)`` computes the prefix once, then integrates dx/dt = v from t = 1 (noise) to
 t = 0 with ``num_steps`` Euler steps, reusing the prefix keys/values at every step.
 
-Each embodiment has its own slot in every head table and its own embodiment token; it predicts its own action
-dims and its own chunk length (``min(spec.chunk_length, model.chunk_length)``), masked to the batch maximum.
+Each embodiment has its own slot in every head table and its own embodiment token (``vla.models.embodiment_table``);
+it predicts its own action dims and its own chunk length (``min(spec.chunk_length, model.chunk_length)``), masked
+to the batch maximum. Serving preparation and compiled graphs: ``vla.models.serving_graphs``. Checkpoint folders:
+``vla.models.hub`` (``save_pretrained(model, dir)`` / ``from_pretrained(dir)``).
 
 Settings that are not architecture (not saved in config.json): ``autocast_dtype`` (None = no autocast; e.g.
 ``torch.bfloat16``, on any device: AMX on recent Xeons, tensor cores on GPUs) and ``preprocessing`` (how the training
@@ -18,35 +24,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from vla.embodiments import EmbodimentSpec
 from vla.models.backbone import Prefix, VLMBackbone
-from vla.models.compiled import frozen_compile, release
 from vla.models.config import ModelConfig
+from vla.models.embodiment_table import EmbodimentTable, check_fits
 from vla.models.expert import ActionExpert, ExpertPlan
-from vla.models.heads import EmbodimentHeads, route
+from vla.models.heads import route
 from vla.models.policies import POLICIES
-from vla.models.sharding import check_not_sharded
+from vla.models.serving_graphs import ServingGraphs
 from vla.types import Batch
 
 if TYPE_CHECKING:
     from vla.data.normalize import StatsFile
 
-log = logging.getLogger(__name__)
 
-
-class FlowVLA(nn.Module):
-    """The VLA policy. ``embodiment_ids`` (name -> table index) is what the loader must use for ``embodiment_id``.
-
-    ``table_version`` counts ``add_embodiment`` calls: each replaces the embodiment tables' parameters, so build the
-    optimizer and any wrapper (DDP, FSDP2, peft) after every ``add_embodiment``, and check ``table_version`` is
-    unchanged before stepping an optimizer built earlier."""
+class FlowVLA(EmbodimentTable, ServingGraphs):
+    """The VLA policy. ``embodiment_ids`` (name -> table index) is what the loader must use for ``embodiment_id``;
+    ``add_embodiment`` and ``table_version``: ``vla.models.embodiment_table``; ``prepare_inference`` and the
+    compiled serving graphs: ``vla.models.serving_graphs``."""
 
     def __init__(
         self,
@@ -60,13 +60,12 @@ class FlowVLA(nn.Module):
         if not specs:
             raise ValueError("a model needs at least one embodiment spec (model.embodiments)")
         for spec in specs:
-            self._check_fits(cfg, spec)
+            check_fits(cfg, spec)
         self.cfg = dataclasses.replace(cfg, embodiments=tuple(s.name for s in specs))
         self.specs: list[EmbodimentSpec] = list(specs)
         self.norm_stats = norm_stats
         self.preprocessing: dict[str, Any] | None = None  # saved as preprocessing.json (vla.models.hub)
         self.autocast_dtype: torch.dtype | None = None  # loss and sample_actions run under this autocast
-        self.table_version = 0
         self.backbone = backbone or VLMBackbone.from_config(cfg.backbone)
         d = self.backbone.hidden_size
         n_layers = cfg.expert.num_layers or self.backbone.num_layers
@@ -80,108 +79,16 @@ class FlowVLA(nn.Module):
             mlp_ratio=cfg.expert.mlp_ratio,
             gradient_checkpointing=cfg.backbone.gradient_checkpointing,
         )
-        self.embodiment_tokens = nn.Embedding(len(specs), d)
-        nn.init.normal_(self.embodiment_tokens.weight, std=0.02)
-        self.heads = EmbodimentHeads(len(specs), cfg.max_state_dim, cfg.max_action_dim, self.expert.width)
-        self._refresh_tables()
-        self._set_token_trainable()
+        self._build_tables(d, self.expert.width)
         self._expert_forward = (
             torch.compile(self.expert.forward, dynamic=True) if cfg.expert.compile else self.expert.forward
         )
-        self._serving_step: Callable[..., torch.Tensor] | None = None  # prepare_inference(compile=True)
-        self._serving_weights: tuple[tuple[int, int], ...] | None = None  # what the compiled graphs froze
-
-    # ---- embodiment table -------------------------------------------------------------------------------------
-    @staticmethod
-    def _check_fits(cfg: ModelConfig, spec: EmbodimentSpec) -> None:
-        if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
-            raise ValueError(
-                f"embodiment {spec.name!r} has state_dim {spec.state_dim} / action_dim {spec.action_dim}, more than "
-                f"model.max_state_dim {cfg.max_state_dim} / model.max_action_dim {cfg.max_action_dim}; raise them"
-            )
-
-    def _refresh_tables(self) -> None:
-        dev = self.embodiment_tokens.weight.device
-        if dev.type == "meta":  # built without weights (vla.models.meta): the tables are computed, so real
-            dev = torch.device("cpu")
-        self.register_buffer(
-            "chunk_lengths",
-            torch.tensor([min(s.chunk_length, self.cfg.chunk_length) for s in self.specs], device=dev),
-            persistent=False,
-        )
-        self.register_buffer(
-            "action_dims", torch.tensor([s.action_dim for s in self.specs], device=dev), persistent=False
-        )
-
-    def _set_token_trainable(self) -> None:
-        # Always trained: with a frozen backbone only the token's own row runs with autograd
-        # (VLMBackbone.refresh_summary_token), so it costs one token per sample.
-        self.embodiment_tokens.requires_grad_(True)
-
-    @property
-    def embodiment_ids(self) -> dict[str, int]:
-        return {s.name: i for i, s in enumerate(self.specs)}
-
-    def spec(self, name: str) -> EmbodimentSpec:
-        return self.specs[self._index(name)]
-
-    def _index(self, name: str) -> int:
-        ids = self.embodiment_ids
-        if name not in ids:
-            raise KeyError(
-                f"embodiment {name!r} is not in this model (it has {sorted(ids)}); use add_embodiment(spec)"
-            )
-        return ids[name]
-
-    def most_similar(self, spec: EmbodimentSpec) -> str:
-        """The existing embodiment a new one is initialised from: same robot, then same action/state widths."""
-
-        def score(s: EmbodimentSpec) -> tuple:
-            return (
-                bool(spec.robot) and s.robot == spec.robot,
-                s.action_dim == spec.action_dim,
-                s.state_dim == spec.state_dim,
-                -abs(s.control_hz - spec.control_hz),
-            )
-
-        return max(self.specs, key=score).name
-
-    @torch.no_grad()
-    def add_embodiment(self, spec: EmbodimentSpec, init_from: str | None = None) -> int:
-        """Give ``spec`` its own slot in every head table and its own token, copied from ``init_from`` (default:
-        ``most_similar``). Other embodiments' outputs are unchanged. Returns the new index.
-
-        The grown tables are new ``Parameter`` objects (an optimizer's state for the old ones cannot carry over), so
-        ``table_version`` goes up: build the optimizer and wrappers after this call. Refused on a model already
-        sharded with FSDP2."""
-        if spec.name in self.embodiment_ids:
-            raise ValueError(f"embodiment {spec.name!r} is already in this model")
-        self._check_fits(self.cfg, spec)
-        check_not_sharded(self, "add_embodiment")
-        src = self._index(init_from or self.most_similar(spec))
-        self.heads.add_slot(src)
-        w = self.embodiment_tokens.weight.data
-        self.embodiment_tokens = nn.Embedding(len(self.specs) + 1, w.shape[1]).to(w.device, w.dtype)
-        self.embodiment_tokens.weight.data = torch.cat([w, w[src : src + 1]])
-        self.specs.append(spec)
-        self.cfg = dataclasses.replace(self.cfg, embodiments=tuple(s.name for s in self.specs))
-        self._refresh_tables()
-        self._set_token_trainable()
-        self.table_version += 1
-        return len(self.specs) - 1
 
     # ---- forward pieces ----------------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:  # an autocast the caller entered still applies
             return contextlib.nullcontext()
         return torch.autocast(self.embodiment_tokens.weight.device.type, dtype=self.autocast_dtype)
-
-    def _check_ids(self, ids: torch.Tensor) -> None:
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.specs)):
-            raise ValueError(
-                f"embodiment_id {ids.tolist()} outside this model's table of {len(self.specs)} "
-                f"({list(self.embodiment_ids)}); build the loader with embodiment_ids=model.embodiment_ids"
-            )
 
     def compute_prefix(self, batch: Batch) -> Prefix:
         """Backbone keys/values of the batch's observation (images, prompt, embodiment token)."""
@@ -355,76 +262,9 @@ class FlowVLA(nn.Module):
                 x = (x + dt * v.float()) * dim_mask[:, None, :]
         return x * out_mask
 
-    def prepare_inference(
-        self, dtype: torch.dtype | str = torch.float32, *, compile: bool = False
-    ) -> FlowVLA:
-        """Ready the model for serving: ``eval()``, weights cast to ``dtype`` (``"bfloat16"`` uses AMX on recent
-        Xeons and tensor cores on GPUs; the flow integration state stays float32) and, with ``compile``, the
-        flow step, vision tower and language layers compiled with frozen weights (one-time compile cost)."""
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        self._drop_compiled()
-        # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at
-        # position 600): keep them float32, as HF computes them in float32 whatever the model dtype.
-        rope = [
-            (m, n, b.clone())
-            for m in self.modules()
-            for n, b in m.named_buffers(recurse=False)
-            if "inv_freq" in n
-        ]
-        self.eval().to(dtype)
-        for module, name, buf in rope:
-            setattr(module, name, buf)
-        if compile:
-            self._compile_serving()
-        return self
-
-    # Compiled serving graphs hold *copies* of the weights (Inductor freezing), so they must never outlive a change
-    # of the weights: train() and prepare_inference() drop them, and compute_prefix() recompiles when any
-    # parameter or buffer was replaced, moved or updated in place since they were built (load_state_dict, an EMA
-    # step, .to()). Writing through ``param.data`` bypasses the version counters and is not detected. Each compile
-    # has graphs of its own, and dropping frees only those (vla.models.compiled).
-    def _compile_serving(self) -> None:
-        self._drop_compiled()
-        self._serving_step = frozen_compile(self.flow_step)
-        self.backbone.compile_for_serving(frozen_compile)
-        self._serving_weights = self._weights_key()
-
-    def _drop_compiled(self) -> None:
-        if self._serving_weights is not None:
-            release(self._serving_step)
-            self._serving_step, self._serving_weights = None, None
-            self.backbone.drop_compiled()
-
-    def _weights_key(self) -> tuple[tuple[int, int], ...]:
-        return tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
-
-    def _check_serving(self) -> None:
-        if self._serving_weights is not None and self._weights_key() != self._serving_weights:
-            log.warning(
-                "weights changed after prepare_inference(compile=True): recompiling the serving graphs"
-            )
-            self._compile_serving()
-
-    def train(self, mode: bool = True) -> FlowVLA:
-        if mode:
-            self._drop_compiled()
-        return super().train(mode)
-
     def forward(self, batch: Batch, **kwargs: object) -> LossTerms:
         """``loss_terms`` (what DDP/FSDP wrappers call during training)."""
         return self.loss_terms(batch, **kwargs)
-
-    def save_pretrained(self, out_dir: str) -> object:
-        """Write a Hugging Face-style checkpoint folder (see ``vla.models.hub``)."""
-        from vla.models.hub import save_pretrained
-
-        return save_pretrained(self, out_dir)
-
-    @classmethod
-    def from_pretrained(cls, path: str, map_location: str = "cpu") -> FlowVLA:
-        from vla.models.hub import from_pretrained
-
-        return from_pretrained(path, map_location=map_location)
 
     # ---- bookkeeping ------------------------------------------------------------------------------------------
     def parameter_counts(self) -> dict[str, dict[str, int]]:

@@ -1,0 +1,88 @@
+"""A policy readied for serving: weights cast to the serving dtype, and compiled serving graphs that never outlive
+the weights they froze.
+
+``ServingGraphs`` is a base class of a policy module with a ``backbone`` (``VLMBackbone``) and a ``flow_step``
+method (one denoising step, the function serving runs ``num_steps`` times per chunk). The graphs come from
+``vla.models.compiled.frozen_compile``.
+
+Compiled serving graphs hold *copies* of the weights (Inductor freezing), so they must never outlive a change of
+the weights: ``train()`` and ``prepare_inference()`` drop them, and ``_check_serving()`` (called by the policy
+before each prefix) recompiles when any parameter or buffer was replaced, moved or updated in place since they
+were built (``load_state_dict``, an EMA step, ``.to()``). Writing through ``param.data`` bypasses the version
+counters and is not detected. Each compile has graphs of its own, and dropping frees only those.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from vla.models.compiled import frozen_compile, release
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from vla.models.backbone import VLMBackbone
+
+log = logging.getLogger(__name__)
+
+
+class ServingGraphs(nn.Module):
+    """``prepare_inference`` and the lifecycle of the compiled serving graphs (see the module docstring)."""
+
+    backbone: VLMBackbone
+    flow_step: Callable[..., torch.Tensor]
+    _serving_step: Callable[..., torch.Tensor] | None = None  # the compiled flow_step, while valid
+    _serving_weights: tuple[tuple[int, int], ...] | None = None  # what the compiled graphs froze
+
+    def prepare_inference(self, dtype: torch.dtype | str = torch.float32, *, compile: bool = False) -> Self:
+        """Ready the model for serving: ``eval()``, weights cast to ``dtype`` (``"bfloat16"`` uses AMX on recent
+        Xeons and tensor cores on GPUs; the flow integration state stays float32) and, with ``compile``, the
+        flow step, vision tower and language layers compiled with frozen weights (one-time compile cost)."""
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self._drop_compiled()
+        # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at
+        # position 600): keep them float32, as HF computes them in float32 whatever the model dtype.
+        rope = [
+            (m, n, b.clone())
+            for m in self.modules()
+            for n, b in m.named_buffers(recurse=False)
+            if "inv_freq" in n
+        ]
+        self.eval().to(dtype)
+        for module, name, buf in rope:
+            setattr(module, name, buf)
+        if compile:
+            self._compile_serving()
+        return self
+
+    def _compile_serving(self) -> None:
+        self._drop_compiled()
+        self._serving_step = frozen_compile(self.flow_step)
+        self.backbone.compile_for_serving(frozen_compile)
+        self._serving_weights = self._weights_key()
+
+    def _drop_compiled(self) -> None:
+        if self._serving_weights is not None:
+            release(self._serving_step)
+            self._serving_step, self._serving_weights = None, None
+            self.backbone.drop_compiled()
+
+    def _weights_key(self) -> tuple[tuple[int, int], ...]:
+        return tuple((t.data_ptr(), t._version) for t in (*self.parameters(), *self.buffers()))
+
+    def _check_serving(self) -> None:
+        if self._serving_weights is not None and self._weights_key() != self._serving_weights:
+            log.warning(
+                "weights changed after prepare_inference(compile=True): recompiling the serving graphs"
+            )
+            self._compile_serving()
+
+    def train(self, mode: bool = True) -> Self:
+        if mode:
+            self._drop_compiled()
+        return super().train(mode)
