@@ -13,8 +13,8 @@ P`` as a user runs it (a subprocess), timed from ``metrics.jsonl`` after ``--war
 * ``finetune_frozen_backbone``: the expert + the new slot
 * ``finetune_full``: everything the model config leaves trainable
 
-Reported, not asserted: the issue's bound (LoRA r=16 adapter file <= 10 % of the full model file) is listed in
-``targets``.
+Reported, not asserted: the target that a LoRA r=16 adapter file is at most 10 % of the full model file is listed
+in ``targets``.
 
     .venv/bin/python benchmarks/finetune.py [--steps 12] [--warmup 3] [--modes ...] [--skip-peer] [--out FILE.json]
 """
