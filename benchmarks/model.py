@@ -11,7 +11,7 @@ serving modes (``prepare_inference``: fp32 or bf16 weights, optionally compiled 
 own compiled inference (``compile_model=True``, ``benchmarks/peer_smolvla_compiled.py``), each with its peak RSS; every measurement in its own subprocess. Serving modes also report how far their chunk is from the
 fp32 eager chunk (same weights, same noise). Model FLOPs utilization: the FLOPs of one training step / one chunk
 (counted with ``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the
-same run (DESIGN §10); the peer's MFU uses our count (same architecture; its state token sits in the prefix).
+same run; the peer's MFU uses our count (same architecture; its state token sits in the prefix).
 
     .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--skip-peer-compiled] [--out FILE.json]
 """

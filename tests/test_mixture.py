@@ -42,7 +42,8 @@ def test_mixture_contract(name: str) -> None:
 
 
 def test_published_mixtures_exact_weights() -> None:
-    """Spot checks against shared/reference/oxe_datasets.md §1 (and the source code's unrounded weights)."""
+    """Spot checks against the published mixtures (openvla/openvla prismatic/vla/datasets/rlds/oxe/mixtures.py,
+    octo-models/octo octo/data/oxe/oxe_dataset_mixes.py), unrounded weights included."""
     w = {n: {e.name: e.weight for e in MIXTURES.get(n).datasets} for n in MIXTURES.names()}
     ov, octo = w["oxe_magic_soup"], w["octo_magic_soup"]
     assert len(ov) == 23 and len(octo) == 25 and len(w["oxe_magic_soup_plus"]) == 27

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Camera slots every dataset's cameras are mapped onto (DESIGN §4).
+#: Camera slots every dataset's cameras are mapped onto.
 IMAGE_SLOTS: tuple[str, ...] = ("primary", "secondary", "wrist", "left_wrist", "right_wrist")
 
 # Batch key names (used by the loader, the model and the server).

@@ -1,1 +1,1 @@
-"""Data layer: readers -> standardize -> normalize -> mixture -> loader (DESIGN §2)."""
+"""Data layer: readers -> standardize -> normalize -> mixture -> loader (lower layers never import higher ones)."""

@@ -1,4 +1,4 @@
-"""Strict validation of normalization stats and the invertible ``Normalizer``/``Unnormalizer`` pair (DESIGN §4).
+"""Strict validation of normalization stats and the invertible ``Normalizer``/``Unnormalizer`` pair.
 
 The stats themselves (``NormStats`` per field vector, the versioned ``StatsFile`` keyed by embodiment and
 ``"<embodiment>@<dataset>"``) live in ``vla.data.norm_stats`` and are re-exported here. Stats are computed in one
@@ -15,7 +15,8 @@ Per-dim modes (``EmbodimentSpec.norm_modes``), for ``x`` float ``[..., D]``:
   NaN/inf stay non-finite in every mode (so the loader's finiteness check catches them).
 * ``identity``  ``y = x`` (also every dim whose ``normalize_mask`` entry is False).
 
-Decisions (see shared/reference/oxe_datasets.md §5):
+Decisions (the peers' choices: OpenVLA's BOUNDS_Q99 in openvla/openvla prismatic/vla/datasets/rlds/utils/
+data_utils.py, openpi's quantile and z-score normalization in src/openpi/transforms.py):
 
 * **No clipping by default** (``clip=None``), as openpi: the model is a continuous flow-matching head, and
   clipping would make the 2% of frames outside [q01, q99] non-invertible. ``clip=1.0`` gives OpenVLA's
@@ -348,7 +349,7 @@ def make_normalize_fn(
 ) -> Callable[[str, str, str, np.ndarray], np.ndarray]:
     """The loader's ``normalize(embodiment, dataset, which, array)``: Normalizers built lazily and cached.
 
-    Stats are per embodiment (DESIGN §4); ``per_dataset`` (True, or the names of the datasets whose conventions
+    Stats are per embodiment; ``per_dataset`` (True, or the names of the datasets whose conventions
     differ) uses the ``"<embodiment>@<dataset>"`` stats instead where the file has them.
     """
     cache: dict[tuple[str, str, str], Normalizer] = {}

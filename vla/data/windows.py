@@ -1,6 +1,6 @@
 """Frame index -> training window: observation history + action chunk (+ pad mask) of one sample.
 
-Per sample (DESIGN §2): reader -> ``standardize_episode`` (cached per process) -> normalize (per-embodiment
+Per sample: reader -> ``standardize_episode`` (cached per process) -> normalize (per-embodiment
 stats) -> images decoded for the T_obs history frames only -> resize (+ training augmentation, seeded per sample
 so it does not depend on worker count or order) -> a dict that ``vla.data.collate`` turns into a ``Batch``.
 """

@@ -1,4 +1,4 @@
-"""``EmbodimentSpec``: what a robot body looks like to the model (DESIGN §4). Specs are data (YAML).
+"""``EmbodimentSpec``: what a robot body looks like to the model. Specs are data (YAML).
 
 A spec lists the state and action vectors as ordered *fields* (e.g. 7 joint positions then 1 gripper), each with
 its kind, units, absolute/delta, per-dim limits and normalization mode; the camera slots with their native

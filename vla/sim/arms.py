@@ -1,7 +1,10 @@
 """Kinematic descriptions of the simulated arms: data only, one ``ArmSpec`` per published robot.
 
-Every number comes from ``shared/reference/robot_kinematics.md`` (the fact sheet; section numbers in comments).
-A chain row is MuJoCo body semantics (fact sheet §0.1): a child body placed in its parent by ``pos`` (m) then
+Every number comes from a published robot model, named per arm below and in its ``sources``; "Menagerie" is
+google-deepmind/mujoco_menagerie (franka_emika_panda/panda.xml @f2e9fb62 and mjx_panda.xml @9d895b38,
+universal_robots_ur5e/ur5e.xml @832d908f, trossen_wx250s/wx250s.xml @3ff28577, kinova_gen3/gen3.xml @39664247,
+aloha/aloha.xml @441860e1 with its README's system-identified joints). A chain row is MuJoCo body semantics
+(Menagerie's body/joint attributes): a child body placed in its parent by ``pos`` (m) then
 ``quat`` (w, x, y, z), the hinge at the body origin with ``axis`` in the body frame, joint value 0 = the pose
 described. Gripper frames share one convention so tasks and experts can treat every arm alike: +z is the approach
 axis, the two fingers slide along ±y, the TCP site sits at ``tcp_offset`` along +z.
@@ -33,8 +36,9 @@ class LinkSpec:
 
     ``range`` is the joint limit in rad (``None`` = continuous joint). The servo is MuJoCo's position actuator,
     torque = kp·(ctrl − q) − kv·q̇ clamped to ±``force`` (N·m); ``dampratio`` replaces ``kv`` when set.
-    ``mass`` (kg) and ``com`` (m, body frame) are the fact sheet's inertials; the rotational inertia is derived
-    from the collision capsule (fact sheet §10.8 advises against the vendor tensors). ``radius`` (m) sizes the
+    ``mass`` (kg) and ``com`` (m, body frame) are the published inertials; the rotational inertia is derived
+    from the collision capsule (vendor tensors carried over from URDFs are implausible, e.g. Panda link1
+    Ixx ≈ 0.70 kg·m² for 4.97 kg in panda.xml). ``radius`` (m) sizes the
     capsule drawn from this body's origin to its child's origin.
     """
 
@@ -121,7 +125,7 @@ class ArmSpec:
 
 
 # Generic Robotiq-2F-85-like gripper for arms sold without one (UR5e, Gen3): 85 mm stroke and the pinch point
-# 0.12 m beyond the tool flange, from the Gen3 Menagerie recipe (fact sheet §5.1). Gains: Franka mjx hand (§2.6).
+# 0.12 m beyond the tool flange, from Menagerie's kinova_gen3 README recipe. Gains: Menagerie mjx_panda.xml's hand.
 ROBOTIQ_LIKE = GripperSpec(
     mount_pos=(0.0, 0.0, 0.0),
     mount_quat=IDENTITY,
@@ -138,8 +142,8 @@ ROBOTIQ_LIKE = GripperSpec(
     palm_half=(0.03, 0.045, 0.035),
 )
 
-# ---- Franka Emika Panda: chain §2.1, inertials §2.4, panda.xml servos §2.5, mjx hand §2.6, key §2.7 --------
-_PANDA_J = dict(damping=1.0, armature=0.1)  # §2.5 panda.xml: damping 1, armature 0.1 on every joint
+# ---- Franka Emika Panda: Menagerie panda.xml (chain, inertials, servos, key), mjx_panda.xml hand ------------
+_PANDA_J = dict(damping=1.0, armature=0.1)  # panda.xml: damping 1, armature 0.1 on every joint
 # fmt: off
 _PANDA_LINKS = (
     LinkSpec("link1", (0, 0, 0.333), Z, (-2.8973, 2.8973), 4500, 450, 87, mass=4.9707,
@@ -162,7 +166,7 @@ PANDA = ArmSpec(
     name="panda",
     links=_PANDA_LINKS,
     # Hand at link7 +0.107 z rotated −45° about z; fingers slide along hand y from hand +0.0584 z, 0…0.04 m
-    # each; TCP = Franka hand_tcp at 0.1034 (§2.1, §2.6, §10.6).
+    # each; TCP = Franka hand_tcp at 0.1034 (franka_description franka_hand.xacro; panda.xml has no TCP site).
     gripper=GripperSpec(
         mount_pos=(0, 0, 0.107),
         mount_quat=(0.9238795, 0, 0, -0.3826834),
@@ -183,12 +187,15 @@ PANDA = ArmSpec(
     base_com=(-0.041, -0.0001, 0.050),
     base_radius=0.06,
     rgba=(0.95, 0.95, 0.95, 1.0),
-    sources=("robot_kinematics.md §2.1, §2.4-2.7, §9",),
+    sources=(
+        "mujoco_menagerie franka_emika_panda/panda.xml @f2e9fb62, mjx_panda.xml @9d895b38 (hand)",
+        "frankaemika/franka_description @032e7ee8 franka_arm.xacro (collision capsule radii)",
+    ),
 )
 
-# ---- Universal Robots UR5e: chain §3.1 (current Menagerie, base 180° about z), inertials §3.3, servos §3.4 ----
-_UR_BIG = dict(kp=2000.0, kv=400.0, force=150.0, armature=0.1)  # §3.4 "size3"
-_UR_SMALL = dict(kp=500.0, kv=100.0, force=28.0, armature=0.1)  # §3.4 "size1"
+# ---- Universal Robots UR5e: Menagerie ur5e.xml @832d908f (base 180° about z): chain, inertials, servos ---
+_UR_BIG = dict(kp=2000.0, kv=400.0, force=150.0, armature=0.1)  # ur5e.xml class "size3"
+_UR_SMALL = dict(kp=500.0, kv=100.0, force=28.0, armature=0.1)  # ur5e.xml class "size1"
 _TWO_PI = 6.28319
 # fmt: off
 _UR5E_LINKS = (
@@ -208,17 +215,20 @@ _UR5E_LINKS = (
 UR5E = ArmSpec(
     name="ur5e",
     links=_UR5E_LINKS,
-    # Tool flange = Menagerie attachment_site, wrist_3 +0.1 y, −90° about x (§3.1); no gripper in ur5e.xml.
+    # Tool flange = Menagerie attachment_site, wrist_3 +0.1 y, −90° about x; no gripper in ur5e.xml.
     gripper=replace(ROBOTIQ_LIKE, mount_pos=(0, 0.1, 0), mount_quat=(-1, 1, 0, 0)),
     home=(-1.5708, -1.5708, 1.5708, -1.5708, -1.5708, 0.0),
     base_quat=(0.0, 0.0, 0.0, -1.0),
     base_mass=4.0,
     base_radius=0.06,
     rgba=(0.55, 0.65, 0.75, 1.0),
-    sources=("robot_kinematics.md §3.1, §3.3-3.5, §9", "gripper: §5.1 Robotiq recipe (assumed for UR5e)"),
+    sources=(
+        "mujoco_menagerie universal_robots_ur5e/ur5e.xml @832d908f (chain, inertials, servos, capsules)",
+        "gripper: mujoco_menagerie kinova_gen3 README Robotiq 2F-85 recipe (assumed for UR5e)",
+    ),
 )
 
-# ---- Trossen WidowX 250 6DOF (wx250s): chain §4.1, inertials §4.2, servos and gripper §4.3 -----------------
+# ---- Trossen WidowX 250 6DOF (wx250s): Menagerie wx250s.xml @3ff28577 (chain, inertials, servos, gripper) ---
 _WX = dict(kp=50.0, dampratio=0.95, force=35.0, armature=0.1, frictionloss=0.1)
 # fmt: off
 _WIDOWX_LINKS = (
@@ -241,7 +251,7 @@ WIDOWX = ArmSpec(
     links=_WIDOWX_LINKS,
     # Gripper frame = gripper_link turned so +z is its +x (approach); fingers at +0.066 slide along y,
     # 0.015…0.037 m each (the "30…74 mm" of Trossen's joint-limit table is this joint travel); TCP =
-    # Interbotix ee_gripper_link at +0.093575 (§4.1, §4.3). The pads' contact faces sit 9.6 mm inward of the
+    # Interbotix ee_gripper_link at +0.093575 (wx250s.xml). The pads' contact faces sit 9.6 mm inward of the
     # finger joint (Menagerie wx250s.xml: finger contact spheres r 0.6 mm at finger-frame y ∓0.009), so the
     # jaw gap between the pads is 10.8…54.8 mm, and the 0.015 m closed target squeezes a held object.
     gripper=GripperSpec(
@@ -264,10 +274,13 @@ WIDOWX = ArmSpec(
     base_com=(-0.0380, 0.0006, 0.0193),
     base_radius=0.04,
     rgba=(0.25, 0.25, 0.28, 1.0),
-    sources=("robot_kinematics.md §4.1-4.3, §9 (radius estimate)",),
+    sources=(
+        "mujoco_menagerie trossen_wx250s/wx250s.xml @3ff28577",
+        "radii estimated from the Dynamixel XM430 envelope (emanual.robotis.com)",
+    ),
 )
 
-# ---- Kinova Gen3 7-DoF: chain §5.1, inertials §5.3, servos and keys §5.4 ----------------------------------
+# ---- Kinova Gen3 7-DoF: Menagerie gen3.xml @39664247 (chain, inertials, servos, keys) ----------------------
 # Deviation: armature 0.1 on every joint (Menagerie sets none). With capsule-derived inertia the 500 N·m/rad
 # wrist servos are otherwise unstable at dt = 2 ms; harmonic-drive joints do have a large reflected inertia.
 _G_BIG = dict(kp=2000.0, kv=100.0, force=105.0, armature=0.1)
@@ -294,17 +307,20 @@ KINOVA_GEN3 = ArmSpec(
     name="kinova_gen3",
     links=_GEN3_LINKS,
     # Flange = Menagerie pinch_site (bracelet −0.061525 z, 180° about x); a 2F-85-like gripper there puts the
-    # pinch point 0.12 m further (§5.1 Robotiq recipe: −0.181525).
+    # pinch point 0.12 m further (Menagerie kinova_gen3 README Robotiq recipe: −0.181525).
     gripper=replace(ROBOTIQ_LIKE, mount_pos=(0, 0, -0.061525), mount_quat=RX_180),
     home=(0.0, 0.26179939, PI, -2.26892803, 0.0, 0.95993109, PI / 2),
     base_mass=1.697,
     base_com=(-0.0006, -0.0002, 0.0845),
     base_radius=0.06,
     rgba=(0.3, 0.3, 0.33, 1.0),
-    sources=("robot_kinematics.md §5.1, §5.3-5.4, §9 (cuRobo radii)",),
+    sources=(
+        "mujoco_menagerie kinova_gen3/gen3.xml @39664247",
+        "NVlabs/curobo @07e6ccfc configs/robot/spheres/kinova_gen3.yml (radii)",
+    ),
 )
 
-# ---- ViperX 300 6DOF as in ALOHA: chain §7.2, inertials §7.3, system-identified joints/servos §7.4 ---------
+# ---- ViperX 300 6DOF as in ALOHA: Menagerie aloha.xml @441860e1 (chain, inertials; joints per its README) ---
 # fmt: off
 _VIPERX_LINKS = (
     LinkSpec("shoulder_link", (0, 0, 0.079), Z, (-3.14158, 3.14158), 43, force=35, damping=5.76,
@@ -326,7 +342,7 @@ VIPERX = ArmSpec(
     name="viperx",
     links=_VIPERX_LINKS,
     # Gripper frame = gripper_link with +z along its +x; finger origins at +0.0562, software travel
-    # 0.002…0.037 m; TCP = Menagerie site "gripper" variant A (0.13 along x; its −0.003 z is dropped) (§7.2, §7.4).
+    # 0.002…0.037 m; TCP = Menagerie site "gripper" variant A (0.13 along x; its −0.003 z is dropped).
     gripper=GripperSpec(
         mount_pos=(0, 0, 0),
         mount_quat=RY_POS90,
@@ -342,15 +358,19 @@ VIPERX = ArmSpec(
         finger_mass=0.0863,
         palm_half=(0.025, 0.06, 0.02),
     ),
-    home=(0.0, -0.96, 1.16, 0.0, -0.3, 0.0),  # §7.1 keyframe "neutral_pose"
+    home=(0.0, -0.96, 1.16, 0.0, -0.3, 0.0),  # aloha.xml keyframe "neutral_pose"
     base_mass=0.9690,
     base_com=(-0.0535, -0.0006, 0.0206),
     base_radius=0.04,
     rgba=(0.2, 0.2, 0.22, 1.0),
-    sources=("robot_kinematics.md §7.1-7.4, §9 (radius estimate)",),
+    sources=(
+        "mujoco_menagerie aloha/aloha.xml @441860e1 and README",
+        "radii estimated from the Dynamixel XM540 envelope (emanual.robotis.com/docs/en/dxl/x/xm540-w270)",
+    ),
 )
 
-# ALOHA layout (§7.1): arm bases in the table frame (table top ≈ z 0), the right arm turned 180° about z.
+# ALOHA layout (Menagerie aloha.xml): arm bases in the table frame (table top ≈ z 0), the right arm turned
+# 180° about z.
 ALOHA_BASES: dict[str, tuple[Vec3, float]] = {
     "left": ((-0.469, -0.019, 0.02), 0.0),
     "right": ((0.469, -0.019, 0.02), PI),

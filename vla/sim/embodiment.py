@@ -70,7 +70,10 @@ def sim_embodiment_spec(
         chunk_length=chunk_length or SIM_CHUNK_LENGTH.get(robot, 10),
         description=f"MuJoCo {robot} (vla.sim): absolute joint-position targets + gripper (1 = open).",
         robot=f"sim_{robot}",
-        sources=("shared/reference/robot_kinematics.md (joint limits)", "vla/sim/embodiment.py (layout)"),
+        sources=(
+            "vla/sim/arms.py (joint limits from the published robot models)",
+            "vla/sim/embodiment.py (layout)",
+        ),
         extra=dict(extra or {}),
     )
     spec.validate()

@@ -10,7 +10,7 @@ Used by ``vla.sim.randomization.Randomizer``; split out so each file stays reada
   recompiling when more lights are asked for than the spec has) and sets the world's ``RenderSettings``.
 - ``corrupt_images`` blurs, adds noise and JPEG-compresses rendered frames (uint8 in, uint8 out).
 
-Rendering quality is a randomized parameter with a cost (DESIGN §8). Measured here at 128 px, CPU EGL:
+Rendering quality is a randomized parameter with a cost. Measured at 128 px with CPU EGL rendering:
 shadows off 1.4 ms/frame; shadows on 4.9 / 7.9 / 15.9 / 38.6 ms with shadowsize 256 / 1024 / 2048 / 4096;
 MSAA ``offsamples=4`` +2 ms. ``render_cost_ms`` turns that into the estimate recorded per episode.
 """

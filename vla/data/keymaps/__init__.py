@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from vla.registry import Registry
 from vla.types import IMAGE_SLOTS
 
-#: Gripper conversions (reference oxe_datasets.md §3), applied to a 1-wide part over the whole episode:
+#: Gripper conversions (as OpenVLA's and Octo's OXE transforms do them: ``OXE_SOURCE``), applied to a 1-wide part over the whole episode:
 #: ``none`` as stored; ``rel2abs`` relative +close/-open events -> absolute 1 = open; ``invert`` 1 - x;
 #: ``clip`` clip(x, 0, 1); ``clip_invert`` 1 - clip(x, 0, 1); ``binarize`` Bridge's >0.95 / <0.05 rule with a
 #: backward scan; ``const0``/``const1`` a constant (no raw key; also used for documented zero padding).
@@ -48,6 +48,15 @@ ACTION_SPACES: tuple[str, ...] = (
 )
 #: Raw feature type strings: ``float32[7]``, ``float32`` (scalar per step), ``bool``, ``int32[512]``, ``string``;
 #: prefix ``zlib:`` for a string feature holding zlib-compressed raw bytes (``zlib:float32[7]``, kuka).
+#: The per-dataset OXE standardization both peers publish, cited by the OXE key maps' ``sources``.
+OXE_SOURCE = (
+    "openvla/openvla@c8f03f4 prismatic/vla/datasets/rlds/oxe/{configs,transforms}.py; octo-models/octo@241fb35 "
+    "octo/data/oxe/{oxe_dataset_configs,oxe_standardization_transforms}.py"
+)
+#: Where ``rel2abs`` comes from (``vla.data.keymaps.conversions``).
+REL2ABS_SOURCE = (
+    "rel2abs_gripper_actions in openvla prismatic/vla/datasets/rlds/utils/data_utils.py (= Octo's)"
+)
 FEATURE_TYPE = re.compile(r"^(zlib:)?(float32|float64|int32|int64|bool|string)(?:\[(\d+)\])?$")
 
 

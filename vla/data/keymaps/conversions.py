@@ -1,7 +1,8 @@
 """Named operations a key map refers to: gripper/rotation conversions, episode-level steps, the DROID idle filter.
 
-Conversions follow shared/reference/oxe_datasets.md §3 exactly (rel2abs, binarize with its backward scan, invert,
-clip); the idle filter is openpi's DROID rule (§4.4). ``vla.data.standardize`` applies them; a ``KeyMap`` names
+Conversions follow OpenVLA's and Octo's OXE transforms exactly (rel2abs, binarize with its backward scan, invert,
+clip: openvla/openvla@c8f03f4 prismatic/vla/datasets/rlds/utils/data_utils.py and oxe/transforms.py); the idle
+filter is openpi's DROID rule (Physical-Intelligence/openpi examples/droid/compute_droid_nonidle_ranges.py). ``vla.data.standardize`` applies them; a ``KeyMap`` names
 them (``Part.convert``, ``KeyMap.steps``, ``KeyMap.idle_key``).
 """
 
@@ -15,7 +16,7 @@ import numpy as np
 from vla.data.keymaps import KeyMap, KeyMapError
 from vla.data.readers.base import RawEpisode
 
-# ---- gripper and rotation conversions (reference oxe_datasets.md §3) -------------------------------------------
+# ---- gripper and rotation conversions (OpenVLA / Octo OXE transforms) ------------------------------------------
 
 
 def rel2abs_gripper(x: np.ndarray) -> np.ndarray:
@@ -70,7 +71,7 @@ def quat_to_euler(q: np.ndarray) -> np.ndarray:
     return np.stack([roll, pitch, yaw], axis=-1)
 
 
-# ---- DROID idle-frame filter (openpi; reference §4.4) -------------------------------------------------------------
+# ---- DROID idle-frame filter (openpi's compute_droid_nonidle_ranges.py) ------------------------------------
 
 IDLE_THRESHOLD = (
     1e-3  # a frame is idle if no joint-velocity command changed by this much since the previous frame

@@ -2,7 +2,8 @@
 
 state = observation/joint_position(7) ++ observation/gripper_position(1, 0 = open, 1 = closed);
 action = action_dict/joint_velocity(7) ++ action_dict/gripper_position(1, absolute, 1 = closed), 15 Hz.
-The top-level ``action`` (cartesian_position ++ gripper, absolute) is deliberately not used (reference §4.2).
+The top-level ``action`` (cartesian_position ++ gripper, absolute) is deliberately not used: the
+DROID maintainers call it only a default and point to ``action_dict`` (github.com/droid-dataset/droid issue #9).
 Prompt: one of language_instruction / _2 / _3 per episode (``StandardizeOptions.language_choice``).
 Optional filters (``StandardizeOptions``): ``idle_filter`` = openpi's non-idle ranges rule on
 action_dict/joint_velocity; ``success_only`` = keep episodes whose ``file_path`` matches ``.*success.*``.
@@ -42,7 +43,12 @@ DROID = register(
         success_pattern=".*success.*",
         notes="Gripper kept 1 = closed (openpi, DROID policy code); OpenVLA's entry flips it and uses cartesian "
         "velocity instead. idle/success filters are opt-in via StandardizeOptions.",
-        sources=("oxe_datasets.md §4.1-4.4", "openpi issue #459"),
+        sources=(
+            "droid-dataset/droid@1548722 docs/the-droid-dataset.md (RLDS features), droid/franka/robot.py (gripper)",
+            "Physical-Intelligence/openpi@15a9616 src/openpi/training/droid_rlds_dataset.py, "
+            "examples/droid/compute_droid_nonidle_ranges.py (filters)",
+            "github.com/Physical-Intelligence/openpi issue #459 (7-D joint velocity + 1-D absolute gripper)",
+        ),
     ),
     __name__,
 )

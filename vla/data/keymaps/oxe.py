@@ -1,7 +1,7 @@
 """Open X-Embodiment key maps, non-Franka robots (Franka datasets: ``oxe_franka.py``; DROID: ``droid.py``).
 
-One entry per dataset of the Octo/OpenVLA ``oxe_magic_soup`` mixtures, from shared/reference/oxe_datasets.md
-Tables A-C and §3 (gripper conversions). Conventions follow OpenVLA where it and Octo differ, except: language
+One entry per dataset of the Octo/OpenVLA ``oxe_magic_soup`` mixtures, from the peers' published per-dataset configs
+and standardization transforms (``OXE_SOURCE``: cameras, state and action keys, gripper conversions). Conventions follow OpenVLA where it and Octo differ, except: language
 is never blanked (Octo blanks 12 datasets; OpenVLA keeps the text), state layouts are the embodiment spec's (no
 OpenVLA pad dim), and datasets without a rotation or gripper get a narrower action (jaco_play, language_table)
 instead of constant padding. Raw feature widths are those of the TFDS catalog pages of the listed versions.
@@ -9,7 +9,7 @@ instead of constant padding. Raw feature widths are those of the TFDS catalog pa
 
 from __future__ import annotations
 
-from vla.data.keymaps import KeyMap, raw, register, zeros
+from vla.data.keymaps import OXE_SOURCE, REL2ABS_SOURCE, KeyMap, raw, register, zeros
 
 # RT-X (Google) layout keys shared by the datasets converted in the original OXE release.
 NLI = "observation/natural_language_instruction"
@@ -43,7 +43,7 @@ _add(
             NLI: "string",
         },
         notes="RT-1. terminate_episode and base_displacement_* ignored; state gripper_closed is 1 = closed.",
-        sources=("oxe_datasets.md Table A-C fractal20220817_data", "§3 rel2abs"),
+        sources=(f"{OXE_SOURCE}: fractal20220817_data", REL2ABS_SOURCE),
     )
 )
 
@@ -69,7 +69,7 @@ _add(
         },
         notes="Both state fields are ZLIB-compressed float32 bytes per step (decompressed here). Octo blanks the "
         "language; kept here (OpenVLA).",
-        sources=("oxe_datasets.md Table A-C kuka",),
+        sources=(f"{OXE_SOURCE}: kuka",),
     )
 )
 
@@ -92,8 +92,8 @@ _add(
         "action is all-zero movement (checked on the fixture); Octo keeps it -> StandardizeOptions(drop_first=0). "
         "image_2/image_3 are not used (OpenVLA/Octo use image_0 and image_1 only).",
         sources=(
-            "oxe_datasets.md Table A-C bridge_orig/bridge_dataset, §6.1",
-            "shared/fixtures bridge_dataset 1.0.0",
+            f"{OXE_SOURCE}: bridge_orig/bridge_dataset",
+            "octo-models/octo's bridge_dataset 1.0.0 debug copy (decoded: first action all-zero)",
         ),
     )
 )
@@ -115,7 +115,7 @@ _add(
         notes="The GCS OXE copy of Bridge in the RT-X layout (OpenVLA bridge_oxe; out of date per the OpenVLA README, "
         "prefer bridge_orig). open_gripper is 1 = open. Same relabel and first-step drop as bridge_dataset. Only "
         "`image` exists in this layout (OpenVLA's config also names image_1).",
-        sources=("oxe_datasets.md Table A-C bridge_oxe, §7",),
+        sources=(f"{OXE_SOURCE}: bridge_oxe",),
     )
 )
 
@@ -137,7 +137,7 @@ _add(
         },
         notes="No rotation command in the data: 4-D action (OpenVLA/Octo pad three zeros). State is xyz + quaternion "
         "(CLVR README).",
-        sources=("oxe_datasets.md Table A-C jaco_play", "CLVR jaco_play README"),
+        sources=(f"{OXE_SOURCE}: jaco_play", "CLVR jaco_play README"),
     )
 )
 
@@ -154,7 +154,7 @@ _add(
         features={**RTX_ACTION, GCA: "float32[1]", NLI: "string"},
         notes="No proprio in the data: one documented zero (as Octo), flagged invalid. Octo blanks the language; "
         "kept here.",
-        sources=("oxe_datasets.md Table A-C roboturk",),
+        sources=(f"{OXE_SOURCE}: roboturk",),
     )
 )
 
@@ -171,7 +171,7 @@ _add(
         features={**RTX_ACTION, GCA: "float32[1]", NLI: "string"},
         notes="Wrist camera only (why OpenVLA leaves it out of its soup); no proprio: 7 documented zeros, flagged "
         "invalid in metadata['state_valid']. Octo blanks the language; kept here.",
-        sources=("oxe_datasets.md Table A-C nyu_door_opening_surprising_effectiveness",),
+        sources=(f"{OXE_SOURCE}: nyu_door_opening_surprising_effectiveness",),
     )
 )
 
@@ -188,7 +188,7 @@ _add(
         features={"observation/robot_state": "float32[15]", **RTX_ACTION, GCA: "float32", NLI: "string"},
         notes="robot_state[6:14] = EE xyz + quaternion + gripper (OpenVLA/Octo). gripper_closedness_action is a scalar "
         "per step (TFDS: 1 close, -1 open, 0 no change).",
-        sources=("oxe_datasets.md Table A-C berkeley_autolab_ur5",),
+        sources=(f"{OXE_SOURCE}: berkeley_autolab_ur5",),
     )
 )
 
@@ -209,7 +209,7 @@ _add(
         },
         notes="Instruction is int32 Unicode code points, NUL-padded (decoded, cut at the first NUL). Planar 2-D action; "
         "OpenVLA/Octo pad to 7-D with a constant gripper 1, not needed with a per-embodiment head.",
-        sources=("oxe_datasets.md Table A-C language_table",),
+        sources=(f"{OXE_SOURCE}: language_table",),
     )
 )
 
@@ -226,7 +226,7 @@ _add(
         features={"observation/state": "float32[21]", "action": "float32[8]", LI: "string"},
         notes="Last action dim (terminate) dropped; absolute vs delta and the gripper convention are unverified "
         "(passed through as in OpenVLA/Octo).",
-        sources=("oxe_datasets.md Table A-C ucsd_kitchen, §8",),
+        sources=(f"{OXE_SOURCE}: ucsd_kitchen",),
     )
 )
 
@@ -258,7 +258,7 @@ _add(
             NLI: "string",
         },
         notes="Rotations are axis-angle. Only the first of the 10 future steps is used. OpenVLA: use v0.1.0 only.",
-        sources=("oxe_datasets.md Table A-C bc_z",),
+        sources=(f"{OXE_SOURCE}: bc_z",),
     )
 )
 
@@ -273,7 +273,7 @@ _add(
         state=(raw("observation/state"),),
         action=(raw("action", slice(0, 6)), raw("action", 6, "invert")),
         features={"observation/state": "float32[7]", "action": "float32[7]", LI: "string"},
-        sources=("oxe_datasets.md Table A-C dlr_edan_shared_control",),
+        sources=(f"{OXE_SOURCE}: dlr_edan_shared_control",),
     )
 )
 
@@ -289,7 +289,7 @@ _add(
         action=(raw("action"), raw("observation/state", 6, "invert")),
         features={"observation/state": "float32[13]", "action": "float32[6]", LI: "string"},
         notes="No gripper action in the data: the target is 1 - state[6] of the same step (OpenVLA/Octo).",
-        sources=("oxe_datasets.md Table A-C berkeley_fanuc_manipulation",),
+        sources=(f"{OXE_SOURCE}: berkeley_fanuc_manipulation",),
     )
 )
 
@@ -306,7 +306,7 @@ _add(
         features={"observation/state": "float32[4]", "action": "float32[8]", LI: "string"},
         notes="No orientation in the state (3 documented zeros). Last action dim dropped; gripper passed through "
         "(convention unverified).",
-        sources=("oxe_datasets.md Table A-C cmu_stretch",),
+        sources=(f"{OXE_SOURCE}: cmu_stretch",),
     )
 )
 
@@ -323,6 +323,6 @@ _add(
         features={"observation/state": "float32[7]", "action": "float32[7]", LI: "string"},
         notes="The only camera is gripper-mounted: slot wrist (Octo; OpenVLA puts it in primary). Gripper passed "
         "through (convention unverified).",
-        sources=("oxe_datasets.md Table A-C dobbe, §6.6",),
+        sources=(f"{OXE_SOURCE}: dobbe",),
     )
 )

@@ -4,12 +4,12 @@ All share the OXE EEF_POS action (delta xyz + delta rpy + gripper 1 = open). The
 layouts, chosen by what the dataset records: ``franka_oxe_eef`` (EE xyz + Euler rpy + gripper reading;
 quaternion poses converted to Euler) or ``franka_oxe_joint`` (7 joint angles + gripper reading). A missing
 gripper reading is a documented zero, flagged in ``StdEpisode.metadata["state_valid"]``. Facts:
-shared/reference/oxe_datasets.md Tables A-C, §3. Language is kept where Octo blanks it (OpenVLA behaviour).
+OpenVLA's and Octo's per-dataset configs and transforms (``OXE_SOURCE``). Language is kept where Octo blanks it (OpenVLA behaviour).
 """
 
 from __future__ import annotations
 
-from vla.data.keymaps import KeyMap, raw, register, zeros
+from vla.data.keymaps import OXE_SOURCE, KeyMap, raw, register, zeros
 from vla.data.keymaps.oxe import GCA, LI, NLI, OG, RD, RTX_ACTION, WV
 
 
@@ -41,8 +41,8 @@ _add(
         },
         notes="Gripper state = robot_obs[6], the gripper width per the TFDS description (OpenVLA/Octo take index 7, "
         "joint 1: an off-by-one). Gripper action +1 open / -1 close (CALVIN) -> clip gives 1 = open; the TFDS text "
-        "says the opposite (see reference §2 Table C).",
-        sources=("oxe_datasets.md Table A-C taco_play", "tensorflow.org/datasets/catalog/taco_play"),
+        "says the opposite.",
+        sources=(f"{OXE_SOURCE}: taco_play", "tensorflow.org/datasets/catalog/taco_play"),
     )
 )
 
@@ -58,7 +58,7 @@ _add(
         action=(raw(ACTION, slice(0, 6)), raw(ACTION, 6, "invert")),
         features={STATE: "float32[27]", ACTION: "float32[7]", LI: "string"},
         notes="state: xyz(0:3), quat(3:7), euler(7:10), joints, joint vel, gripper(24:27); uses xyz, euler, gripper[24].",
-        sources=("oxe_datasets.md Table A-C stanford_hydra",),
+        sources=(f"{OXE_SOURCE}: stanford_hydra",),
     )
 )
 
@@ -75,7 +75,7 @@ _add(
         features={STATE: "float32[13]", ACTION: "float32[15]", LI: "string"},
         notes="state[7:13] = EE xyz + rpy; no gripper reading (documented zero). action = [7 joint vel, EE delta xyz, "
         "EE delta rpy, gripper, terminate]: uses [7:13] and clip([13]).",
-        sources=("oxe_datasets.md Table A-C nyu_franka_play", "TFDS catalog (state 13, action 15)"),
+        sources=(f"{OXE_SOURCE}: nyu_franka_play", "TFDS catalog (state 13, action 15)"),
     )
 )
 
@@ -96,7 +96,7 @@ _add(
         features={STATE: "float32[35]", ACTION: "float32[8]", LI: "string"},
         notes="Quaternions (xyzw) converted to Euler for state and action (OpenVLA/Octo do it for the action). "
         "state[-1] is the gripper width.",
-        sources=("oxe_datasets.md Table A-C furniture_bench",),
+        sources=(f"{OXE_SOURCE}: furniture_bench",),
     )
 )
 
@@ -116,7 +116,7 @@ for _name, _hz in (
             action=EEF7_CLIP_INVERT,
             features={STATE: "float32[8]", ACTION: "float32[7]", LI: "string"},
             notes="state = EE xyz + quaternion (xyzw assumed; converted to Euler) + gripper. Octo blanks the language.",
-            sources=("oxe_datasets.md Table A-C austin_sailor/austin_sirius", "TFDS catalog (state 8)"),
+            sources=(f"{OXE_SOURCE}: austin_sailor/austin_sirius", "TFDS catalog (state 8)"),
         )
     )
 
@@ -147,7 +147,7 @@ _add(
         },
         notes="eef_pose width and quaternion order unverified (7 = xyz + xyzw assumed). Action passed through "
         "(gripper convention unverified).",
-        sources=("oxe_datasets.md Table A-C fmb_dataset, §8",),
+        sources=(f"{OXE_SOURCE}: fmb_dataset",),
     )
 )
 
@@ -170,7 +170,7 @@ _add(
         features={"observation/robot_state": "float32[7]", **RTX_ACTION, NLI: "string"},
         notes="The gripper holds the cable throughout: constant action 0 (closed); no gripper reading (documented "
         "zero). Octo blanks the language; kept here.",
-        sources=("oxe_datasets.md Table A-C berkeley_cable_routing",),
+        sources=(f"{OXE_SOURCE}: berkeley_cable_routing",),
     )
 )
 
@@ -192,7 +192,7 @@ _add(
             NLI: "string",
         },
         notes="gripper_states is the gripper width (0 = fully closed). gripper_closedness_action is a scalar per step.",
-        sources=("oxe_datasets.md Table A-C viola", "viola features.json (gripper_states width 1)"),
+        sources=(f"{OXE_SOURCE}: viola", "viola features.json (gripper_states width 1)"),
     )
 )
 
@@ -208,7 +208,7 @@ _add(
         action=(raw(WV), raw(RD), raw(OG)),
         features={STATE: "float32[7]", **RTX_ACTION, OG: "bool", NLI: "string"},
         notes="state = 7 joint angles, no gripper reading (documented zero); open_gripper is 1 = open.",
-        sources=("oxe_datasets.md Table A-C toto", "TFDS catalog toto"),
+        sources=(f"{OXE_SOURCE}: toto", "TFDS catalog toto"),
     )
 )
 
@@ -225,7 +225,7 @@ for _name in ("austin_buds_dataset_converted_externally_to_rlds", "utaustin_mute
             action=EEF7_CLIP_INVERT,
             features={STATE: "float32[24]", ACTION: "float32[7]", LI: "string"},
             notes="state = 7 joints + gripper + 16-D EE matrix; uses [0:8]. Gripper action -1..1 with +1 = close.",
-            sources=("oxe_datasets.md Table A-C austin_buds/utaustin_mutex",),
+            sources=(f"{OXE_SOURCE}: austin_buds/utaustin_mutex",),
         )
     )
 
@@ -241,6 +241,6 @@ _add(
         action=(raw(ACTION, slice(0, 3)), raw(ACTION, slice(3, 7), "quat_to_euler"), raw(ACTION, 7)),
         features={STATE: "float32[20]", ACTION: "float32[8]", LI: "string"},
         notes="Action quaternion (xyzw) converted to Euler; gripper passed through (convention unverified).",
-        sources=("oxe_datasets.md Table A-C iamlab_cmu_pickup_insert",),
+        sources=(f"{OXE_SOURCE}: iamlab_cmu_pickup_insert",),
     )
 )

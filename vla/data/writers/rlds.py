@@ -8,7 +8,8 @@ bytes), per-episode features under ``episode_metadata/<path>``.
 
 An episode to write is ``{"steps": {name: [T, ...] array | list of T str/bytes}, "episode_metadata": {...}}``
 with raw names such as ``observation/state`` (images: uint8 ``[T, H, W, C]``, or already-encoded bytes).
-``droid_features`` / ``synthetic_droid_episode`` build DROID-shaped data (reference: oxe_datasets.md §4.2).
+``droid_features`` / ``synthetic_droid_episode`` build DROID-shaped data (the published RLDS feature spec:
+droid-dataset/droid docs/the-droid-dataset.md).
 """
 
 from __future__ import annotations
