@@ -195,7 +195,10 @@ def test_merge_keeps_every_split(tmp_path: Path, capsys: pytest.CaptureFixture[s
     np.testing.assert_array_equal(
         reader.read_episode("val", 1).steps["action"], src.read_episode("val", 0).steps["action"]
     )
-    line = user_error(capsys, "data", "merge", a, b, "--out", out)  # an existing dataset: refused
+    before = {f: f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    rc, again, err = run_cli(capsys, "data", "merge", a, b, "--out", out)  # the same command: already done
+    assert rc == 0 and {f: f.read_bytes() for f in out.rglob("*") if f.is_file()} == before, (again, err)
+    line = user_error(capsys, "data", "merge", b, a, "--out", out)  # another merge into it: refused
     assert "--overwrite" in line
     assert "one of the sources" in user_error(capsys, "data", "merge", a, b, "--out", a)
     rc, _, err = run_cli(capsys, "data", "merge", b, "--out", out, "--overwrite")
