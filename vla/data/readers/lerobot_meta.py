@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,10 +94,12 @@ def permission_error(path: Path, what: str) -> DatasetFormatError:
     )
 
 
-def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
-    """``path`` as an Arrow table; a missing, unreadable, truncated or corrupt file is a ``DatasetFormatError``."""
+@contextmanager
+def _parquet_errors(path: Path, what: str) -> Iterator[None]:
+    """A missing, unreadable, truncated or corrupt parquet file ``path`` (holding ``what``) as a
+    ``DatasetFormatError`` naming it."""
     try:
-        return pq.read_table(path, columns=columns, memory_map=True)
+        yield
     except FileNotFoundError as e:
         raise DatasetFormatError(f"{path}: missing {what}; restore or re-download the dataset") from e
     except PermissionError as e:
@@ -104,20 +108,18 @@ def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.
         raise DatasetFormatError(
             f"{path}: cannot read {what} ({e}); the file is truncated or corrupt, re-download it"
         ) from e
+
+
+def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
+    """``path`` as an Arrow table; a missing, unreadable, truncated or corrupt file is a ``DatasetFormatError``."""
+    with _parquet_errors(path, what):
+        return pq.read_table(path, columns=columns, memory_map=True)
 
 
 def read_parquet_schema(path: Path, what: str) -> list[str]:
     """Column names of the parquet file ``path`` (errors as in ``read_parquet``)."""
-    try:
+    with _parquet_errors(path, what):
         return pq.read_schema(path).names
-    except FileNotFoundError as e:
-        raise DatasetFormatError(f"{path}: missing {what}; restore or re-download the dataset") from e
-    except PermissionError as e:
-        raise permission_error(path, what) from e
-    except (pa.ArrowException, OSError) as e:
-        raise DatasetFormatError(
-            f"{path}: cannot read {what} ({e}); the file is truncated or corrupt, re-download it"
-        ) from e
 
 
 def text_values(column: pa.ChunkedArray | pa.Array, path: Path, key: str) -> list[str | None]:
