@@ -130,6 +130,43 @@ def pooled(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def mean_ci(values: list[float]) -> dict[str, Any]:
+    """Mean of ``values`` with its 95 % normal-approximation interval (1.96 standard errors)."""
+    n = len(values)
+    mean = statistics.fmean(values) if values else float("nan")
+    half = 1.96 * statistics.stdev(values) / n**0.5 if n > 1 else float("nan")
+    return {"n": n, "mean": mean, "ci95": [mean - half, mean + half]}
+
+
+def closest_distances(results: list[dict[str, Any]]) -> dict[int, float]:
+    """``{episode seed: closest TCP-to-target distance (m)}`` over the per-seed ``results.json`` objects."""
+    return {
+        int(row["seed"]): float(row["min_target_distance_m"])
+        for res in results
+        for row in res["episodes_detail"]
+        if row.get("min_target_distance_m") is not None
+    }
+
+
+def distance_summary(
+    per_seed: dict[int, dict[str, dict[str, Any]]], levels: tuple[str, str]
+) -> dict[str, Any]:
+    """Graded progress next to success: per arm and level the mean closest distance of the TCP to the named
+    object (m, 95 % interval), and the paired per-episode difference pretrained - fresh (same initial states;
+    negative = the pretrained model's fine-tune gets closer)."""
+    out: dict[str, Any] = {}
+    for lvl in levels:
+        by_arm = {arm: closest_distances([per_seed[s][arm][lvl] for s in per_seed]) for arm in ARMS}
+        a, b = by_arm["finetuned_from_pretrained"], by_arm["finetuned_from_fresh"]
+        diff = mean_ci([a[k] - b[k] for k in sorted(a.keys() & b.keys())])
+        out[lvl] = {
+            "closest_m": {arm: mean_ci(list(d.values())) for arm, d in by_arm.items()},
+            "pretrained_minus_fresh_m": diff,
+            "pretrained_closer_than_fresh": bool(diff["n"] > 1 and diff["ci95"][1] < 0),
+        }
+    return out
+
+
 def beats(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """``a``'s 95 % interval lies entirely above ``b``'s (the study's claim, per randomization level)."""
     return a["ci95"][0] > b["ci95"][1]
@@ -166,6 +203,7 @@ def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
         },
         "pooled": pool,
         "finetune_final_val_loss": val,
+        "target_distance": distance_summary(per_seed, levels),
         "claims": claims,
     }
 
@@ -282,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arm:<28}" + "".join(f"{c:>30}" for c in cells))
     for lvl, verdict in summary["claims"].items():
         print(f"{lvl}: " + ", ".join(f"{k}={v}" for k, v in verdict.items()))
+    for lvl, dist in summary["target_distance"].items():
+        d = dist["pretrained_minus_fresh_m"]
+        closest = ", ".join(f"{arm} {c['mean']:.3f}" for arm, c in dist["closest_m"].items())
+        print(f"{lvl}: closest distance to the target (m): {closest}; pretrained - fresh {d['mean']:+.3f} "
+              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")  # fmt: skip
     print(f"results: {out} and {out.with_suffix('.png')} ({result['wall_s']:.0f} s)")
     return 0
 

@@ -134,6 +134,13 @@ def test_results_contract_and_determinism_across_workers(tmp_path: Path) -> None
     for ep in a["episodes_detail"]:
         assert {"seed", "success", "steps", "instruction", "randomization"} <= ep.keys()
         assert ep["randomization"]["level"] == "low" and "dynamics" in ep["randomization"]
+        # graded progress: the TCP's closest and last distance to the named object (m), closest <= last
+        assert 0 < ep["min_target_distance_m"] <= ep["final_target_distance_m"] < 5
+    dist = a["target_distance_m"]
+    assert dist["episodes"] == 3
+    assert dist["min_mean"] == pytest.approx(
+        np.mean([ep["min_target_distance_m"] for ep in a["episodes_detail"]])
+    )
     for group in ("task", "embodiment", "level"):
         assert a["breakdown"][group], group
     assert a["breakdown"]["level"]["low"]["ci95"] == a["ci95"]

@@ -42,6 +42,34 @@ def test_registry_has_the_five_tasks() -> None:
     assert set(TASK_NAMES) == {"reach", "pick_place", "push", "stack", "drawer"}
 
 
+@pytest.mark.parametrize("robot", ["panda", "kinova_gen3", "widowx"])
+def test_reach_needs_the_gripper_on_the_target_not_any_link(robot: str) -> None:
+    """A random policy's sweeps touch objects with some arm link: that is contact but not "the gripper on the
+    target", so reach does not count it. At the goal state the TCP is over the target and its graded distance is
+    small; at reset it is not."""
+    import mujoco
+
+    from vla.sim.tasks import gripper_over, robot_touches, set_free_pos
+
+    t, setup, world = _episode(robot, "reach", seed=2)
+    target = setup.goal["target"]
+    obj = next(o for o in setup.objects if o["name"] == target)
+    height = setup.goal["heights"][target]
+    world.step(20)
+    far = t.target_distance(world, setup)
+    # put the target on the geom of the arm's second link (far from the TCP): contact, but not over it
+    link = world.model.joint(world.robot.arms[0].joints[1]).bodyid[0]
+    geom = int(np.flatnonzero(world.model.geom_bodyid == link)[0])
+    set_free_pos(world, target, world.data.geom_xpos[geom] - [0.0, 0.0, height / 2])
+    mujoco.mj_forward(world.model, world.data)
+    assert robot_touches(world, target) and not gripper_over(world, obj, height)
+    assert not t.success(world, setup)
+    t.set_goal_state(world, setup)
+    assert t.success(world, setup)
+    near = t.target_distance(world, setup)
+    assert near is not None and far is not None and 3 * near < far, (near, far)
+
+
 @pytest.mark.parametrize("robot", ROBOT_NAMES)
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_task_builds_detector_false_at_reset_true_at_goal(robot: str, task: str) -> None:

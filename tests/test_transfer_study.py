@@ -25,6 +25,16 @@ def _study():
     return module
 
 
+# closest TCP-to-target distance (m) of episode i per arm and level: at "low" the pretrained model's fine-tune is
+# 3 cm closer on every episode; at "reality_proxy" it is 1 cm closer on even episodes and 1 cm farther on odd ones
+DISTANCE = {
+    "low": {"finetuned_from_pretrained": lambda i: 0.05 + 0.001 * i,
+            "finetuned_from_fresh": lambda i: 0.08 + 0.001 * i},
+    "reality_proxy": {"finetuned_from_pretrained": lambda i: 0.1 + (0.01 if i % 2 else -0.01),
+                      "finetuned_from_fresh": lambda i: 0.1},
+}  # fmt: skip
+
+
 def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, int]], n: int, val: float):
     sizes = study.StudySizes(eval_episodes=n, train_seed=seed)
     run = study.SeedRun(workdir, seed, sizes)
@@ -33,9 +43,12 @@ def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, 
             out = run.root / "eval" / f"{arm}_{lvl}"
             out.mkdir(parents=True)
             lo, hi = wilson_interval(k, n)
-            out.joinpath("results.json").write_text(
-                json.dumps({"successes": k, "episodes": n, "success_rate": k / n, "ci95": [lo, hi]})
-            )
+            dist = DISTANCE[lvl].get(arm, lambda i: 0.01)
+            # episode seeds: disjoint blocks per training seed, as the study's evaluations draw them
+            rows = [{"seed": 100 * seed + i, "min_target_distance_m": dist(i)} for i in range(n)]
+            out.joinpath("results.json").write_text(json.dumps(
+                {"successes": k, "episodes": n, "success_rate": k / n, "ci95": [lo, hi], "episodes_detail": rows}
+            ))  # fmt: skip
     for name, loss in (("finetune_pretrained", val), ("finetune_fresh", val + 0.5)):
         (run.root / name).mkdir(parents=True)
         lines = [{"step": 1, "loss": 2.0}, {"step": 5, "val_loss": loss + 1}, {"step": 10, "val_loss": loss}]
@@ -71,6 +84,16 @@ def test_pooled_rates_intervals_claims_and_plot(tmp_path: Path) -> None:
         {"0": 0.4, "1": 0.5, "2": 0.6}
     )
     assert summary["per_seed"]["2"]["random"]["reality_proxy"]["successes"] == 1
+
+    # graded progress: paired per-episode differences over all 150 episodes of the 3 seeds
+    low, proxy = summary["target_distance"]["low"], summary["target_distance"]["reality_proxy"]
+    assert low["pretrained_minus_fresh_m"]["n"] == 150
+    assert low["pretrained_minus_fresh_m"]["mean"] == pytest.approx(-0.03)
+    assert low["closest_m"]["finetuned_from_pretrained"]["mean"] == pytest.approx(0.05 + 0.001 * 24.5)
+    assert low["pretrained_closer_than_fresh"] is True
+    assert proxy["pretrained_minus_fresh_m"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert proxy["pretrained_minus_fresh_m"]["ci95"][0] < 0 < proxy["pretrained_minus_fresh_m"]["ci95"][1]
+    assert proxy["pretrained_closer_than_fresh"] is False
 
     png = tmp_path / "study.png"
     study.plot(summary, levels, png, "test")

@@ -105,6 +105,7 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
     queue: list[np.ndarray] = []
     policy_s = sim_s = 0.0
     steps, calls, success, diverged = 0, 0, False, False
+    distances: list[float] = []  # TCP to the named object's top, per step (tasks whose goal names an object)
     while True:
         if not queue:
             t0 = time.perf_counter()
@@ -115,6 +116,8 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         obs, _, terminated, truncated, step_info = env.step(queue.pop(0))
         sim_s += time.perf_counter() - t0
         steps += 1
+        if step_info.get("target_distance_m") is not None:
+            distances.append(float(step_info["target_distance_m"]))
         if observe is not None:
             observe(obs)
         if record:
@@ -129,6 +132,9 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         "success": success,
         "steps": steps,
         "physics_diverged": diverged,  # the simulation blew up (a failure, ended there)
+        # closest and last distance (m) of the TCP to the named object's top: graded progress next to success
+        "min_target_distance_m": round(min(distances), 5) if distances else None,
+        "final_target_distance_m": round(distances[-1], 5) if distances else None,
         "policy_calls": getattr(policy, "queries", calls),  # a broker-driven policy counts its chunk requests
         "instruction": info["instruction"],
         "task": cfg.task,
@@ -173,6 +179,20 @@ def _write_video(cfg: EvalConfig, row: dict[str, Any]) -> str:
     return str(out.relative_to(cfg.out))
 
 
+def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Mean closest and mean final TCP-to-target distance (m) over the episodes, or None when the task names no
+    object."""
+    closest = [r["min_target_distance_m"] for r in rows if r.get("min_target_distance_m") is not None]
+    final = [r["final_target_distance_m"] for r in rows if r.get("final_target_distance_m") is not None]
+    if not closest:
+        return None
+    return {
+        "episodes": len(closest),
+        "min_mean": float(np.mean(closest)),
+        "final_mean": float(np.mean(final)),
+    }
+
+
 # ---- the run ----------------------------------------------------------------------------------------------
 def summarize(cfg_fields: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``results.json`` object of a run from its configuration and its episode rows (index order)."""
@@ -190,6 +210,7 @@ def summarize(cfg_fields: dict[str, Any], rows: list[dict[str, Any]]) -> dict[st
         "seed": cfg_fields["seed"],
         "execute_steps": cfg_fields.get("execute_steps"),
         "breakdown": {key: grouped_summary(rows, key) for key in ("task", "embodiment", "level")},
+        "target_distance_m": distance_summary(rows),
         "timing": {
             "policy_time_s": policy_s,
             "sim_time_s": sim_s,

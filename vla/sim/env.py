@@ -161,7 +161,8 @@ class VLASimEnv(gym.Env):
         success = not diverged and bool(self.task.success(self.world, self.setup))
         truncated = diverged or (self.step_index >= self.max_steps and not success)
         info = {"instruction": self.instruction, "task": self.task.name, "success": success,
-                "physics_diverged": diverged}  # fmt: skip
+                "physics_diverged": diverged,
+                "target_distance_m": None if diverged else self.task.target_distance(self.world, self.setup)}  # fmt: skip
         return self._obs(), float(success), success, truncated, info
 
     def render(self) -> np.ndarray | None:

@@ -50,6 +50,8 @@ CLEARANCE = 0.05  # m between object footprints (room for open fingers)
 
 
 GRASP_MARGIN = 0.008  # m of open jaw left on each side of a graspable object (approach error)
+REACH_XY_MARGIN = 0.02  # m beyond an object's footprint radius the TCP may be for reach to count ("on" it)
+REACH_Z_MARGIN = 0.03  # m above an object's top the TCP may be for reach to count
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,25 @@ def robot_touches(world: World, body: str) -> bool:
     return False
 
 
+def footprint_radius(obj: dict[str, Any]) -> float:
+    """Radius (m) of the circle around an object's footprint, from its ``build_world`` entry's ``size``."""
+    size = obj["size"]
+    return float(size[0]) * math.sqrt(2) if obj["kind"] == "cube" else float(size[0])
+
+
+def gripper_over(world: World, obj: dict[str, Any], height: float) -> bool:
+    """True if some arm's TCP (``ee`` site) is over object ``obj`` (its ``build_world`` entry): horizontally within
+    its footprint radius + ``REACH_XY_MARGIN`` of its centre and at most ``REACH_Z_MARGIN`` above its top
+    (``height`` m above its bottom)."""
+    pos = body_pos(world, obj["name"])
+    for arm in world.robot.arms:
+        tcp = world.data.site(arm.ee_site).xpos
+        near = np.linalg.norm(tcp[:2] - pos[:2]) <= footprint_radius(obj) + REACH_XY_MARGIN
+        if near and tcp[2] <= pos[2] + height + REACH_Z_MARGIN:
+            return True
+    return False
+
+
 def set_free_pos(world: World, name: str, pos: np.ndarray) -> None:
     """Teleport a free object (bottom centre at ``pos``, upright, at rest); call ``mj_forward`` afterwards."""
     j = world.model.joint(f"{name}_joint")
@@ -214,6 +235,17 @@ class Task:
     def success(self, world: World, setup: TaskSetup) -> bool:
         raise NotImplementedError
 
+    def target_distance(self, world: World, setup: TaskSetup) -> float | None:
+        """Distance (m) from the nearest arm's TCP to the top centre of the object the instruction names, or None
+        when the goal names no object. A graded measure of "went to the right object" next to binary success."""
+        target = setup.goal.get("target")
+        heights = setup.goal.get("heights", {})
+        if target not in heights:
+            return None
+        top = body_pos(world, target)
+        top[2] += heights[target]
+        return min(float(np.linalg.norm(world.data.site(arm.ee_site).xpos - top)) for arm in world.robot.arms)
+
     def set_goal_state(self, world: World, setup: TaskSetup) -> None:
         """Put the world in a goal state by hand (for tests of ``success``)."""
         raise NotImplementedError
@@ -233,14 +265,27 @@ class Reach(Task):
         return TaskSetup(self.name, objs, {"target": objs[0]["name"], "heights": heights}, desc)
 
     def success(self, world: World, setup: TaskSetup) -> bool:
-        return robot_touches(world, setup.goal["target"])
+        """The gripper is on the named object: the robot touches it with its TCP over it (a sweep of some link
+        through the object, which a random policy often makes, does not count)."""
+        target = setup.goal["target"]
+        obj = next(o for o in setup.objects if o["name"] == target)
+        return robot_touches(world, target) and gripper_over(world, obj, setup.goal["heights"][target])
 
     def set_goal_state(self, world: World, setup: TaskSetup) -> None:
-        # Centre the object on a finger pad, so they overlap whatever the gripper's orientation.
-        finger = world.model.body(world.robot.arms[-1].gripper_joints[0]).id
-        pad = int(np.flatnonzero(world.model.geom_bodyid == finger)[0])
-        half_height = setup.goal["heights"][setup.goal["target"]] / 2
-        set_free_pos(world, setup.goal["target"], world.data.geom_xpos[pad] - [0.0, 0.0, half_height])
+        # Put the object under a finger pad, its centre moved from the pad's towards the TCP by its half-width
+        # and half the pad's thickness: the pad still overlaps it (contact) and the TCP is over it.
+        target = setup.goal["target"]
+        obj = next(o for o in setup.objects if o["name"] == target)
+        arm = world.robot.arms[-1]
+        finger = world.model.body(arm.gripper_joints[0]).id
+        geom = int(np.flatnonzero(world.model.geom_bodyid == finger)[0])
+        pad = world.data.geom_xpos[geom].copy()
+        tcp = world.data.site(arm.ee_site).xpos
+        towards = tcp[:2] - pad[:2]
+        dist = float(np.linalg.norm(towards))
+        shift = min(dist, float(obj["size"][0]) + 0.5 * float(world.model.geom_size[geom].min()))
+        pad[:2] += towards / dist * shift if dist > 0 else 0.0
+        set_free_pos(world, target, pad - [0.0, 0.0, setup.goal["heights"][target] / 2])
         mujoco.mj_forward(world.model, world.data)
 
 
@@ -424,4 +469,15 @@ for _task in (Reach(), PickPlace(), Push(), Stack(), Drawer()):
     TASKS.register(_task.name, _task)
 
 
-__all__ = ["COLORS", "TASKS", "Task", "TaskSetup", "Workspace", "body_pos", "robot_touches", "set_free_pos"]
+__all__ = [
+    "COLORS",
+    "TASKS",
+    "Task",
+    "TaskSetup",
+    "Workspace",
+    "body_pos",
+    "footprint_radius",
+    "gripper_over",
+    "robot_touches",
+    "set_free_pos",
+]
