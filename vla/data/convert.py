@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.readers import DatasetReader, open_dataset
-from vla.data.readers.lerobot_meta import PROGRESS_FILE
-from vla.data.writers.progress import begin, finish, save_progress, unstarted
+from vla.data.writers.progress import begin, finish, prepare_destination, save_progress
 
 log = logging.getLogger(__name__)
 
@@ -93,27 +91,6 @@ class ConvertSummary:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
-
-
-def _prepare_destination(dst: Path, overwrite: bool) -> None:
-    """Refuse an existing destination unless it holds a dataset this command wrote (it resumes, or has nothing left
-    to do) or ``overwrite`` and it holds a dataset (never a folder of other files)."""
-    if not dst.exists() or (dst.is_dir() and unstarted(dst)):
-        return
-    resumable = (dst / "meta" / PROGRESS_FILE).is_file()  # written by this command: resume (or nothing to do)
-    if resumable and not overwrite:
-        return  # progress.begin checks that this command, with these settings, wrote it
-    is_dataset = resumable or (dst / "meta" / "info.json").is_file()
-    if overwrite and is_dataset:
-        shutil.rmtree(dst)
-        return
-    what = "holds a dataset" if is_dataset else "exists and is not an empty folder"
-    fix = (
-        "pass --overwrite to replace it, or choose a new destination"
-        if is_dataset
-        else "choose a new destination (--overwrite only replaces a dataset)"
-    )
-    raise FileExistsError(f"{dst} {what}; {fix}")
 
 
 def _camera_plan(reader: DatasetReader, keymap: Any | None) -> tuple[dict[str, str], dict[str, str]]:
@@ -242,7 +219,7 @@ def convert_dataset(
         raise ValueError(
             f"{src} is incomplete: `{reader.incomplete}` was interrupted; re-run it to finish it, then convert"
         )
-    _prepare_destination(dst, overwrite)
+    prepare_destination(dst, overwrite)
     settings = {"source": str(Path(src).resolve()), "to": to, "video": video, "vcodec": vcodec,
                 "max_episodes": max_episodes, "split": split}  # fmt: skip
     record = begin(

@@ -14,7 +14,6 @@ video file, as the writer does for any episode whose stream does not match the c
 from __future__ import annotations
 
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,9 @@ from tqdm import tqdm
 from vla.data import video
 from vla.data.convert import writer_episode_metadata
 from vla.data.readers.lerobot import LeRobotReader
-from vla.data.readers.lerobot_meta import PROGRESS_FILE
 from vla.data.writers.lerobot import DEFAULT_FEATURES, LeRobotWriter
 from vla.data.writers.lerobot_episode import EncodedEpisode
-from vla.data.writers.progress import begin, finish, unstarted
+from vla.data.writers.progress import begin, finish, prepare_destination
 
 VideoStats = dict[str, dict[str, np.ndarray]]  # video key -> stat name -> array
 
@@ -147,22 +145,10 @@ def _episodes_by_split(readers: list[LeRobotReader]) -> list[tuple[str, LeRobotR
 
 
 def _prepare_out(out: Path, sources: list[str | Path], overwrite: bool) -> None:
-    """Refuse an ``out`` that is a source or a non-empty folder, unless it holds a merge this command wrote (it
-    resumes, or has nothing left to do) or ``overwrite`` and it holds a dataset."""
+    """Refuse an ``out`` that is one of the sources; otherwise ``prepare_destination``'s rules."""
     if out.resolve() in {Path(s).resolve() for s in sources}:
         raise FileExistsError(f"--out {out} is one of the sources; merge into a new folder")
-    if not out.exists() or (out.is_dir() and unstarted(out)):
-        return
-    resumable = (out / "meta" / PROGRESS_FILE).is_file()  # written by this command: resume (or nothing to do)
-    if resumable and not overwrite:
-        return  # progress.begin checks that this command, with these sources, wrote it
-    is_dataset = resumable or (out / "meta" / "info.json").is_file()
-    if not (overwrite and is_dataset):
-        raise FileExistsError(
-            f"{out} exists and is not empty; choose a new --out"
-            + (" (or pass --overwrite to replace the dataset there)" if is_dataset else "")
-        )
-    shutil.rmtree(out)
+    prepare_destination(out, overwrite, option="--out")
 
 
 def _open_sources(sources: list[str | Path]) -> list[LeRobotReader]:

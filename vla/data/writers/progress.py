@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,30 @@ def unstarted(root: str | Path) -> bool:
     temporary file, empty folders): a destination to start afresh, not someone else's files."""
     leftovers = {progress_path(root).with_name(f".{PROGRESS_FILE}.tmp")}
     return all(p.is_dir() or p in leftovers for p in Path(root).rglob("*"))
+
+
+def prepare_destination(dst: str | Path, overwrite: bool, *, option: str = "destination") -> None:
+    """Check the folder a resumable command writes to (``option`` names it in errors, e.g. ``--out``): nothing
+    there, or a write killed before its first record, starts afresh; a dataset this kind of command was writing
+    resumes (``begin`` then checks it is the same command and settings); with ``overwrite`` a dataset there is
+    deleted. Anything else is refused: another dataset without ``overwrite``, and never a folder of other files."""
+    dst = Path(dst)
+    if not dst.exists() or (dst.is_dir() and unstarted(dst)):
+        return
+    resumable = progress_path(dst).is_file()  # written by a resumable command: resume (or nothing to do)
+    if resumable and not overwrite:
+        return
+    is_dataset = resumable or (dst / "meta" / "info.json").is_file()
+    if overwrite and is_dataset:
+        shutil.rmtree(dst)
+        return
+    what = "holds a dataset" if is_dataset else "exists and is not an empty folder"
+    fix = (
+        f"pass --overwrite to replace it, or choose a new {option}"
+        if is_dataset
+        else f"choose a new {option} (--overwrite only replaces a dataset)"
+    )
+    raise FileExistsError(f"{dst} {what}; {fix}")
 
 
 def save_progress(root: str | Path, progress: WriteProgress) -> None:
