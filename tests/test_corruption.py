@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -291,9 +292,23 @@ def test_rlds_instruction_not_utf8_is_a_named_error(
     reader = open_dataset(root)
     with pytest.raises(DatasetFormatError, match=r"record 1 \(train episode 1\), feature 'steps/language_instruction' step 0 is not UTF-8"):  # fmt: skip
         reader.read_episode("train", 1)
-    for skip in ("raise", "skip"):  # an unreadable episode fails the loader either way, naming the shard
-        with pytest.raises(DatasetFormatError, match=str(shard)):
-            epoch(loader_cfg(root, on_bad_sample=skip))
+    with pytest.raises(
+        DatasetFormatError, match=rf"{re.escape(str(shard))}.*on_bad_sample=skip"
+    ):  # names the shard and the way out
+        epoch(loader_cfg(root))
+    # skip: the unreadable episode is left out and counted against data.max_skipped_fraction (default 1 %)
+    with pytest.raises(
+        SkippedSamplesError, match=rf"1 of \d+ episodes cannot be read .*{re.escape(str(shard))}"
+    ):
+        epoch(loader_cfg(root, on_bad_sample="skip"))
+    loader = build_loader(loader_cfg(root, on_bad_sample="skip", max_skipped_fraction=0.5))
+    src = loader.dataset.sources[0]
+    assert list(src.unreadable) == [1] and src.lengths[1] == 0 and src.lengths[0] > 0
+    prompts = {p for batch in loader for p in batch.prompt}
+    assert prompts and prompts <= {f"pick block {e}" for e in range(len(src.lengths)) if e != 1}, prompts
+    # the cached index remembers the unreadable episode: the default setting refuses the dataset again
+    with pytest.raises(DatasetFormatError, match=str(shard)):
+        epoch(loader_cfg(root))
     assert str(shard) in cli_error(capsys, "data", "show", root, "--episode", 1, "--frame", 0)
     found = problems(capsys, root)
     assert len(found) == 1 and "episode 1" in found[0]["where"] and str(shard) in found[0]["message"]

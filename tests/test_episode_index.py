@@ -190,10 +190,10 @@ def test_corrupt_index_is_rebuilt_with_a_warning(
     if damage == "truncate":
         path.write_text(text[: len(text) // 2])
     else:  # still well-formed, one count changed: the checksum catches it
-        header, counts, files = text.splitlines()
+        header, counts, files, unreadable = text.splitlines()
         lengths = json.loads(counts)
         lengths["train"][0] += 1
-        path.write_text("\n".join([header, json.dumps(lengths), files]) + "\n")
+        path.write_text("\n".join([header, json.dumps(lengths), files, unreadable]) + "\n")
     caplog.set_level(logging.WARNING, logger=LOGGER)
     src = build_source(open_dataset(droid), "train")
     assert "corrupt" in caplog.text and str(path) in caplog.text

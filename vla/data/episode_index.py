@@ -33,7 +33,7 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,13 @@ import numpy as np
 import vla
 from vla.data.keymaps import KeyMap
 from vla.data.keymaps.conversions import IDLE_THRESHOLD, MIN_IDLE_RUN, MIN_KEEP_RUN, TRIM_RUN_END
-from vla.data.readers.base import DatasetReader
+from vla.data.readers.base import DatasetFormatError, DatasetReader
 from vla.data.standardize import StandardizeOptions, standardize_episode
 from vla.data.stats import _writable, default_stats_paths
 
 log = logging.getLogger(__name__)
 
-INDEX_FORMAT_VERSION = 1
+INDEX_FORMAT_VERSION = 2  # 2: the episodes that could not be read are recorded
 NO_CACHE_ENV = "VLA_NO_INDEX_CACHE"
 MAX_WORKERS = 8
 _AUTO_POOL_EPISODES = 64  # below this a forked pool costs more than it saves
@@ -173,8 +173,11 @@ class EpisodeIndex:
     """Kept-frame counts ``lengths[split]`` (int64 ``[num_episodes]``) of one dataset under one ``key``, and
     the identities of the files they were counted from (``files``; parsed on demand, ``files_sha256`` always).
 
-    On disk, three lines: a JSON header (format version, key, ``files_sha256``, sha256 ``checksum`` of the
-    other two lines), the counts, and the file identities, which a warm start never parses.
+    ``unreadable[split][episode]``: why an episode could not be standardized (its count is 0); the loader refuses
+    such a dataset unless ``data.on_bad_sample=skip``.
+
+    On disk, four lines: a JSON header (format version, key, ``files_sha256``, sha256 ``checksum`` of the
+    other lines), the counts, the file identities (which a warm start never parses) and ``unreadable``.
     """
 
     key: dict[str, Any]
@@ -184,6 +187,7 @@ class EpisodeIndex:
     path: Path | None = None
     files_sha256: str = ""
     _files_json: bytes = b""
+    unreadable: dict[str, dict[int, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.files is not None and not self.files_sha256:
@@ -199,9 +203,8 @@ class EpisodeIndex:
         path = Path(path)
         lengths = {s: [int(x) for x in v] for s, v in self.lengths.items()}
         files = [list(f) for f in self.recorded_files()]
-        body = (
-            json.dumps(lengths, separators=(",", ":")) + "\n" + json.dumps(files, separators=(",", ":"))
-        ).encode()
+        unreadable = {s: {str(e): m for e, m in bad.items()} for s, bad in self.unreadable.items() if bad}
+        body = "\n".join(json.dumps(x, separators=(",", ":")) for x in (lengths, files, unreadable)).encode()
         header = {
             "format_version": INDEX_FORMAT_VERSION,
             "created_by": f"vla {vla.__version__}",
@@ -234,8 +237,12 @@ class EpisodeIndex:
             body = body.removesuffix(b"\n")
             if hashlib.sha256(body).hexdigest() != header["checksum"]:
                 raise IndexCorruptError("checksum mismatch (truncated or edited)")
-            lengths_json, _, files_json = body.partition(b"\n")
+            lengths_json, files_json, unreadable_json = body.split(b"\n")
             lengths = {str(s): np.asarray(v, dtype=np.int64) for s, v in json.loads(lengths_json).items()}
+            unreadable = {
+                str(s): {int(e): str(m) for e, m in bad.items()}
+                for s, bad in json.loads(unreadable_json).items()
+            }
             return cls(
                 key=header["key"],
                 files=None,
@@ -244,6 +251,7 @@ class EpisodeIndex:
                 path=path,
                 files_sha256=str(header["files_sha256"]),
                 _files_json=files_json,
+                unreadable=unreadable,
             )
         except IndexCorruptError:
             raise
@@ -284,13 +292,37 @@ def find_index(
 _WORKER: dict[str, Any] = {}  # set before forking so workers inherit the reader without pickling it
 
 
+# errors of the machine, not of the data: never recorded as an unreadable episode (the index would keep the episode
+# out after the machine is fixed, since the files did not change)
+_NOT_DATA_ERRORS = (
+    PermissionError,
+    TimeoutError,
+    ConnectionError,
+    InterruptedError,
+    BlockingIOError,
+    MemoryError,
+)
+
+
+def _count_one(
+    reader: DatasetReader, keymap: KeyMap, options: StandardizeOptions | None, split: str, episode: int
+) -> int | str:
+    """Kept frames of one episode, or why it cannot be read (its error, as a message)."""
+    try:
+        return len(standardize_episode(reader, split, episode, keymap, options=options).frames)
+    except _NOT_DATA_ERRORS:
+        raise
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def _count(
     reader: DatasetReader, keymap: KeyMap, options: StandardizeOptions | None, tasks: list
-) -> list[int]:
-    return [len(standardize_episode(reader, s, e, keymap, options=options).frames) for s, e in tasks]
+) -> list[int | str]:
+    return [_count_one(reader, keymap, options, s, e) for s, e in tasks]
 
 
-def _worker_count(tasks: list[tuple[str, int]]) -> list[int]:
+def _worker_count(tasks: list[tuple[str, int]]) -> list[int | str]:
     return _count(_WORKER["reader"], _WORKER["keymap"], _WORKER["options"], tasks)
 
 
@@ -306,8 +338,12 @@ def count_kept(
     options: StandardizeOptions | None,
     splits: Sequence[str],
     workers: int | None = None,
+    unreadable: dict[str, dict[int, str]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Standardize every episode of ``splits`` once -> ``{split: int64 [num_episodes] kept frames}``.
+
+    An episode that cannot be standardized (a damaged file, text that is not UTF-8, ...) counts 0 frames and its
+    error goes to ``unreadable[split][episode]``; without ``unreadable`` the first such error is raised.
 
     ``workers`` forked processes (None: up to ``MAX_WORKERS``, none for small datasets) each take contiguous
     runs of episodes (sequential reads within a shard); results come back in order, so the result does not
@@ -329,7 +365,14 @@ def count_kept(
     out, start = {}, 0
     for s in splits:
         n = reader.num_episodes(s)
-        out[s] = np.asarray(counts[start : start + n], dtype=np.int64)
+        part = counts[start : start + n]
+        bad = {e: c for e, c in enumerate(part) if isinstance(c, str)}
+        if bad and unreadable is None:
+            e, why = next(iter(bad.items()))
+            raise DatasetFormatError(f"{reader.path} split {s!r} episode {e} cannot be read: {why}")
+        if unreadable is not None:
+            unreadable[s] = bad
+        out[s] = np.asarray([0 if isinstance(c, str) else c for c in part], dtype=np.int64)
         start += n
     return out
 
@@ -364,14 +407,15 @@ def _build(
 ) -> EpisodeIndex:
     splits = reader.splits()
     t0 = time.perf_counter()
-    lengths = count_kept(reader, keymap, options, splits, workers)
+    unreadable: dict[str, dict[int, str]] = {}
+    lengths = count_kept(reader, keymap, options, splits, workers, unreadable)
     log.info(
         "episode index of %s: %d episodes standardized in %.1f s",
         reader.path,
         sum(len(v) for v in lengths.values()),
         time.perf_counter() - t0,
     )
-    return EpisodeIndex(key=key, files=files, lengths=lengths, dataset=reader.name)
+    return EpisodeIndex(key=key, files=files, lengths=lengths, dataset=reader.name, unreadable=unreadable)
 
 
 def _save(index: EpisodeIndex, local: Path, cached: Path, target: Path) -> None:
@@ -437,13 +481,16 @@ def kept_lengths(
     *,
     cache: bool = True,
     workers: int | None = None,
-) -> tuple[np.ndarray, Path | None]:
-    """int64 ``[num_episodes]`` kept frames of every episode of ``split``, and the index file they came from
-    (None when counted without the cache: ``cache=False``, ``VLA_NO_INDEX_CACHE=1`` or an unknown format)."""
+) -> tuple[np.ndarray, Path | None, dict[int, str]]:
+    """int64 ``[num_episodes]`` kept frames of every episode of ``split``, the index file they came from (None
+    when counted without the cache: ``cache=False``, ``VLA_NO_INDEX_CACHE=1`` or an unknown format) and the
+    episodes that could not be read, with why (their counts are 0)."""
     if cache and not cache_disabled() and indexable(reader.format):
         index = load_or_build(reader, keymap, options, workers=workers)
-        return index.lengths[split], index.path
-    return count_kept(reader, keymap, options, [split], workers)[split], None
+        return index.lengths[split], index.path, index.unreadable.get(split, {})
+    unreadable: dict[str, dict[int, str]] = {}
+    lengths = count_kept(reader, keymap, options, [split], workers, unreadable)
+    return lengths[split], None, unreadable[split]
 
 
 __all__ = [

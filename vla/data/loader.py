@@ -364,7 +364,13 @@ def _stats_keys(stats: StatsFile, sources: Sequence[Source], per_dataset: bool) 
 
 
 def _split_source(
-    path: str | Path, split: str, opts: Any, val_episodes: int, held_out: bool, allow_incomplete: bool
+    path: str | Path,
+    split: str,
+    opts: Any,
+    val_episodes: int,
+    held_out: bool,
+    allow_incomplete: bool,
+    on_bad_sample: str = "raise",
 ) -> Source:
     """``build_source`` of one dataset split, without its last ``val_episodes`` episodes (``held_out``: only
     them). Episodes are dropped by zeroing their kept-frame counts, so sample indices never reach them. A dataset
@@ -375,7 +381,7 @@ def _split_source(
             f"{reader.path} is incomplete: `{reader.incomplete}` was interrupted, so it holds only the episodes "
             "written so far. Re-run that command to finish it, or set data.allow_incomplete=true to train on them"
         )
-    src = build_source(reader, split, options=opts)
+    src = build_source(reader, split, options=opts, on_bad_sample=on_bad_sample)
     if not val_episodes and not held_out:
         return src
     n = len(src.lengths)
@@ -386,6 +392,24 @@ def _split_source(
         )
     keep = np.arange(n) >= n - val_episodes if held_out else np.arange(n) < n - val_episodes
     return dataclasses.replace(src, lengths=np.where(keep, src.lengths, 0))
+
+
+def _check_unreadable(sources: Sequence[Source], max_fraction: float) -> None:
+    """With ``data.on_bad_sample=skip``: fail when the episodes that cannot be read pass ``max_fraction`` of all
+    the sources' episodes, naming the first (the same bound as skipped samples: skipping is for a few damaged
+    episodes, not for data that cannot be read)."""
+    bad = [
+        f"{s.reader.path} split {s.split!r} episode {e}: {why}"
+        for s in sources
+        for e, why in s.unreadable.items()
+    ]
+    total = sum(len(s.lengths) for s in sources)
+    if bad and len(bad) > max_fraction * total:
+        raise SkippedSamplesError(
+            f"{len(bad)} of {total} episodes cannot be read (data.max_skipped_fraction={max_fraction:g} allows "
+            f"{int(max_fraction * total)}). First causes: {'; '.join(bad[:3])}. Repair the data, or raise "
+            "data.max_skipped_fraction if losing these episodes is acceptable"
+        )
 
 
 def _rehearsal_loader(
@@ -411,15 +435,17 @@ def _rehearsal_loader(
     rank, world_size = _rank_world(rank, world_size)
     opts = standardize_options(cfg)
     new = [
-        _split_source(p, cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete)
+        _split_source(p, cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete, cfg.on_bad_sample)
         for p in cfg.datasets
     ]
     old_mix = resolve_mixture(rehearsal.mixture, rehearsal.data_root or cfg.data_root)
     old = [
-        _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete)
+        _split_source(d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete,
+                      cfg.on_bad_sample)
         for d in old_mix.datasets
-    ]
+    ]  # fmt: skip
     sources = [*new, *old]
+    _check_unreadable(sources, cfg.max_skipped_fraction)
     for src in sources:
         if src.num_samples == 0:
             raise ValueError(
@@ -557,7 +583,13 @@ def build_loader(
             log.warning("%s", resolved.message)
         sources = [
             _split_source(
-                d.path, d.split or cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete
+                d.path,
+                d.split or cfg.split,
+                opts,
+                cfg.val_episodes,
+                held_out,
+                cfg.allow_incomplete,
+                cfg.on_bad_sample,
             )
             for d in resolved.datasets
         ]
@@ -570,9 +602,12 @@ def build_loader(
         )
     else:
         sources = [
-            _split_source(p, cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete)
+            _split_source(
+                p, cfg.split, opts, cfg.val_episodes, held_out, cfg.allow_incomplete, cfg.on_bad_sample
+            )
             for p in cfg.datasets
         ]
+    _check_unreadable(sources, cfg.max_skipped_fraction)
     for src in sources:
         if src.num_samples == 0:
             raise ValueError(

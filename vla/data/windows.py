@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class Source:
     name: str
     options: StandardizeOptions | None = None
     index: Path | None = None
+    unreadable: dict[int, str] = field(default_factory=dict)  # episode -> why it could not be read (0 frames)
 
     @property
     def num_samples(self) -> int:
@@ -69,12 +70,16 @@ def build_source(
     *,
     index_cache: bool = True,
     workers: int | None = None,
+    on_bad_sample: str = "raise",
 ) -> Source:
     """The ``Source`` of one split: kept-frame counts from the dataset's episode index
     (``vla.data.episode_index``: built once by standardizing every episode of every split in ``workers``
     processes, then read back while the dataset files are unchanged). ``index_cache=False`` (or
     ``VLA_NO_INDEX_CACHE=1``) standardizes ``split`` every time instead, without reading or writing an
-    index."""
+    index.
+
+    An episode that cannot be read raises ``DatasetFormatError`` naming it; with ``on_bad_sample="skip"`` it is
+    left out (0 frames) and listed in ``Source.unreadable`` (the loader bounds how many it accepts)."""
     km = keymap or keymap_for(reader)
     if km is None:
         raise KeyMapError(
@@ -84,10 +89,20 @@ def build_source(
         )
     if split not in reader.splits():
         raise ValueError(f"{reader.path}: no split {split!r}; available: {reader.splits()}")
-    lengths, index = kept_lengths(reader, split, km, options, cache=index_cache, workers=workers)
+    lengths, index, unreadable = kept_lengths(reader, split, km, options, cache=index_cache, workers=workers)
+    if unreadable and on_bad_sample != "skip":
+        ep, why = next(iter(unreadable.items()))
+        raise DatasetFormatError(
+            f"{reader.path} split {split!r} episode {ep} cannot be read ({len(unreadable)} of {len(lengths)} "
+            f"episodes cannot): {why}. Repair or re-export the dataset, or set data.on_bad_sample=skip to leave "
+            "unreadable episodes out"
+        )
+    for ep, why in unreadable.items():
+        log.warning("%s split %r: episode %d cannot be read and is skipped: %s", reader.path, split, ep, why)
     return Source(
-        reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options, index=index
-    )
+        reader=reader, split=split, keymap=km, lengths=lengths, name=reader.name, options=options, index=index,
+        unreadable=dict(unreadable),
+    )  # fmt: skip
 
 
 class WindowDataset(Dataset):
