@@ -87,6 +87,22 @@ def test_video_random_access_is_exact(tmp_path: Path, vcodec: str, gop: int) -> 
     assert video.probe_video(path)["video.codec"] == vcodec
 
 
+def test_a_replaced_video_is_decoded_anew_in_the_same_process(tmp_path: Path) -> None:
+    """The per-process decoder and frame cache never serve the frames of a file that has since been replaced
+    (a re-encoded or repaired video written over the old one, or renamed over it)."""
+    path = tmp_path / "v.mp4"
+    video.encode_video([frame_code_image(1, i, 0, 48, 64) for i in range(6)], path, 10)
+    assert [decode_frame_code(im)[0] for im in video.decode_frames(path, [0.0, 0.3], 0.05)] == [1, 1]
+    video.encode_video([frame_code_image(2, i, 0, 48, 64) for i in range(6)], tmp_path / "new.mp4", 10)
+    os.replace(tmp_path / "new.mp4", path)  # renamed over it
+    assert [decode_frame_code(im)[0] for im in video.decode_frames(path, [0.0, 0.3], 0.05)] == [2, 2]
+    video.encode_video([frame_code_image(3, i, 0, 48, 64) for i in range(8)], path, 10)  # rewritten in place
+    assert [decode_frame_code(im)[:2] for im in video.decode_frames(path, [0.0, 0.7], 0.05)] == [
+        (3, 0),
+        (3, 7),
+    ]
+
+
 def test_concat_videos_start_times_and_frames(tmp_path: Path) -> None:
     parts = []
     for k, n in enumerate([12, 7, 9]):

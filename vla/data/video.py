@@ -120,6 +120,16 @@ class _FrameCache:
             self.bytes -= self._items.popitem(last=False)[1][1]
 
 
+def file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime ns) of ``path``, None when it cannot be stat'ed: changes when the file is
+    replaced (renamed over, rewritten), so an open decoder and its cached frames are not served for new content."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class VideoDecoder:
     """Random access to the frames of one MP4 file (one video stream). Create through :func:`get_decoder`."""
 
@@ -127,6 +137,7 @@ class VideoDecoder:
 
     def __init__(self, path: str | Path, cache: _FrameCache, threads: int = 1) -> None:
         self.path, self._cache = Path(path), cache
+        self.identity = file_identity(self.path)  # what was opened: a replaced file is reopened (get_decoder)
         VideoDecoder._next_uid += 1
         self._uid = VideoDecoder._next_uid
         self._container = _open_container(self.path, "")
@@ -277,9 +288,14 @@ def _state() -> _ProcessState:
 
 
 def get_decoder(path: str | Path) -> VideoDecoder:
-    """This process's open decoder for ``path`` (opened on first use, least recently used closed past 64)."""
+    """This process's open decoder for ``path`` (opened on first use, least recently used closed past 64; reopened
+    when the file was replaced since: its old frames, under the old decoder's id, age out of the cache)."""
     state, key = _state(), str(path)
     decoder = state.decoders.get(key)
+    if decoder is not None and decoder.identity != file_identity(Path(path)):
+        del state.decoders[key]
+        decoder.close()
+        decoder = None
     if decoder is None:
         decoder = state.decoders[key] = VideoDecoder(path, state.cache, state.threads)
         while len(state.decoders) > state.max_open:
