@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import mujoco
 import numpy as np
 
 from vla.sim.ik import ArmIK, finger_yaw, nearest_equivalent, top_down_rotation, wrap_to_nearest
@@ -25,6 +26,24 @@ from vla.sim.world import World
 OPEN, CLOSED = 1.0, 0.0
 LIFT = np.array([0.0, 0.0, 0.08])  # m, "above" / retreat offset
 PAD_HALF_WIDTH = 0.01  # m, finger pads' half-width across the finger axis (``vla.sim.robots``)
+READY_TILT = 0.7  # a home pose whose gripper axis points down less than this (-z component) gets a ready pose
+READY_SPEED = 1.0  # rad/s of each joint on the way to the ready pose
+READY_MAX_STEPS = 40  # at 10 Hz
+
+
+def turn_toward(rot: np.ndarray, target: np.ndarray, max_angle: float) -> np.ndarray:
+    """Rotation matrix ``rot`` turned toward ``target`` about their relative axis by at most ``max_angle`` rad."""
+    q, q_target, rel = np.zeros(4), np.zeros(4), np.zeros(3)
+    mujoco.mju_mat2Quat(q, rot.reshape(-1))
+    mujoco.mju_mat2Quat(q_target, target.reshape(-1))
+    mujoco.mju_subQuat(rel, q_target, q)  # rotation vector (rot's frame) taking q to q_target
+    angle = float(np.linalg.norm(rel))
+    if angle > max_angle:
+        rel *= max_angle / angle
+    mujoco.mju_quatIntegrate(q, rel, 1.0)
+    out = np.zeros(9)
+    mujoco.mju_quat2Mat(out, q)
+    return out.reshape(3, 3)
 
 
 @dataclass
@@ -66,6 +85,12 @@ class ScriptedExpert:
         self.q_cmd = world.data.qpos[self.qidx].copy()
         self.pos_cmd = self.ee_pos()
         self.offset = np.zeros(3)
+        # A home pose with the gripper pointing sideways (Kinova Gen3's) is first turned into a ready pose pointing
+        # down, along the same joint path in every episode: asked for the whole turn at once, the IK takes either
+        # wrist branch (joint 5 at +2.9 or -2.9 rad, or joint 6 through 0) depending on the scene, and the
+        # demonstrations would mix joint solutions for like scenes (a policy learns their average).
+        self.ready = self._ready_pose()
+        self.ready_steps = 0
         self.rot = top_down_rotation(self._yaw())
         self.phases = self._phases(setup)
         self.index = 0
@@ -75,6 +100,39 @@ class ScriptedExpert:
     # ---- helpers -------------------------------------------------------------------------------------------
     def ee_pos(self) -> np.ndarray:
         return self.world.data.site_xpos[self.site].copy()
+
+    def _ready_pose(self) -> np.ndarray | None:
+        """Joint positions with the gripper pointing down at the home TCP position (None when home already
+        points down), reached from the exact home by the IK in small turns: the same path, so the same joint
+        solution, in every episode."""
+        q = np.asarray(self.arm.home, float)  # the exact home, not this episode's perturbed start: one path
+        pos, rot = self.ik.forward(q)
+        if rot[2, 2] < -READY_TILT:
+            return None
+        target = top_down_rotation(nearest_equivalent(0.0, finger_yaw(rot), math.pi / 2))
+        for _ in range(60):
+            rot = turn_toward(rot, target, 0.05)
+            q = self.ik.solve(q, pos, rot)
+        return q
+
+    def _ready_action(self) -> np.ndarray | None:
+        """The next joint-space step toward the ready pose, or None once it is reached (the phases start)."""
+        if self.ready is None:
+            return None
+        q_now = self.world.data.qpos[self.qidx]
+        self.ready_steps += 1
+        if np.abs(self.ready - q_now).max() < 0.05 or self.ready_steps > READY_MAX_STEPS * self.scale:
+            self.ready = None
+            self.q_cmd = q_now.copy()
+            self.pos_cmd = self.ee_pos()
+            self.rot = top_down_rotation(self._yaw())
+            return None
+        step = READY_SPEED * self.dt
+        self.q_cmd = self.q_cmd + np.clip(self.ready - self.q_cmd, -step, step)
+        action = self.base_action.copy()
+        action[self.act_joint_dims] = self.q_cmd + self.world.data.qfrc_bias[self.dofs] / self.kp
+        action[self.act_grip_dim] = self.phases[0].gripper
+        return action
 
     def _pick_arm(self, names: list[str | None]) -> int:
         """The arm whose base is nearest the farthest of the objects it must reach (target, place)."""
@@ -199,6 +257,8 @@ class ScriptedExpert:
 
     def act(self) -> np.ndarray:
         """The next absolute action [action_dim] (float64)."""
+        if (ready := self._ready_action()) is not None:
+            return ready
         phase = self.phase
         if self.goal is None:
             self.goal = np.asarray(phase.target(), float)
@@ -232,4 +292,4 @@ class ScriptedExpert:
         return action
 
 
-__all__ = ["Phase", "ScriptedExpert"]
+__all__ = ["Phase", "ScriptedExpert", "turn_toward"]
