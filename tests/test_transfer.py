@@ -1,0 +1,61 @@
+"""The first, cheap evidence of cross-embodiment transfer (the fine-tuning issue's test): a tiny VLA pretrained with
+``vla train`` on simulated reach demonstrations of three robots (Panda, UR5e, WidowX), then LoRA-fine-tuned with
+``vla finetune`` on a fourth robot it never saw (Kinova Gen3), reaches a lower held-out validation loss after the
+same steps than the same fine-tuning of a freshly initialised model. Same data, steps, seeds and validation
+batches on both sides; the stages are ``make demo``'s (``vla.demo.Demo``), at a size that fits CI.
+
+Measured on the 2-core EPYC (validation loss at fine-tuning steps 0/10/20/30): from the pretrained model
+0.965/0.776/0.712/0.688, from a fresh one 1.873/1.480/1.138/1.066; pretraining's own 1.856 -> 1.022 in 300 steps.
+The pretrained side is lower from step 0 (its new slot starts from the most similar robot's heads and its backbone
+knows the scenes) and stays lower."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vla.demo import Demo, DemoSizes
+
+SIZES = DemoSizes(
+    episodes_per_robot=8,
+    new_robot_episodes=6,
+    pretrain_steps=300,
+    finetune_steps=30,
+    batch_size=8,
+    eval_episodes=1,
+    workers=2,
+)
+
+
+def _val_curve(run: Path) -> dict[int, float]:
+    """``{step: val_loss}`` of a run's ``metrics.jsonl``."""
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {int(r["step"]): float(r["val_loss"]) for r in recs if "val_loss" in r}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    d = Demo(tmp_path_factory.mktemp("transfer"), SIZES)
+    d.generate()
+    d.pretrain()
+    d.finetune()
+    return d
+
+
+@pytest.mark.timeout(
+    1800
+)  # the module's fixture runs three trainings (about 2 minutes on a quiet 2-core CPU)
+def test_pretrained_model_fine_tunes_to_a_lower_validation_loss_than_a_fresh_one(demo: Demo) -> None:
+    pre = _val_curve(demo.root / "finetune_pretrained")
+    fresh = _val_curve(demo.root / "finetune_fresh")
+    print(f"validation loss by step: from pretrained {pre}; from fresh {fresh}")
+    assert pre.keys() == fresh.keys() and {0, SIZES.finetune_steps} <= pre.keys(), (pre, fresh)
+    last = SIZES.finetune_steps
+    # the comparison the issue asks for, with a margin (measured 35 % lower)
+    assert pre[last] < 0.9 * fresh[last], (pre, fresh)
+    assert pre[0] < fresh[0]  # the head start pretraining gives
+    # pretraining itself learned: its own held-out loss fell
+    pretrain = _val_curve(demo.root / "pretrain")
+    assert pretrain[SIZES.pretrain_steps] < 0.7 * pretrain[0], pretrain
