@@ -233,6 +233,21 @@ def plot(summary: dict[str, Any], levels: tuple[str, str], out: Path, title: str
     plt.close(fig)
 
 
+def _commit() -> str | None:
+    """The git commit the study ran on (``+dirty`` with uncommitted changes), None outside a git checkout."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = StudySizes()
@@ -292,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": kind,
         "date": date.today().isoformat(),
         "cpu_model": cpu_model(),
+        "commit": _commit(),
         "wall_s": round(time.perf_counter() - t0, 1),
         "settings": settings
         | {
