@@ -27,8 +27,10 @@ OPEN, CLOSED = 1.0, 0.0
 LIFT = np.array([0.0, 0.0, 0.08])  # m, "above" / retreat offset
 PAD_HALF_WIDTH = 0.01  # m, finger pads' half-width across the finger axis (``vla.sim.robots``)
 READY_TILT = 0.7  # a home pose whose gripper axis points down less than this (-z component) gets a ready pose
-READY_SPEED = 1.0  # rad/s of each joint on the way to the ready pose
-READY_MAX_STEPS = 40  # at 10 Hz
+READY_HEIGHT = 0.2  # m above the table: the ready pose's TCP, over the middle of the workspace
+READY_SPEED = 2.5  # rad/s of each joint on the way to the ready pose
+READY_TOL = 0.5  # rad: close enough to start the phases (the servos catch up while the TCP heads on)
+READY_MAX_STEPS = 25  # at 10 Hz
 
 
 def turn_toward(rot: np.ndarray, target: np.ndarray, max_angle: float) -> np.ndarray:
@@ -102,17 +104,26 @@ class ScriptedExpert:
         return self.world.data.site_xpos[self.site].copy()
 
     def _ready_pose(self) -> np.ndarray | None:
-        """Joint positions with the gripper pointing down at the home TCP position (None when home already
-        points down), reached from the exact home by the IK in small turns: the same path, so the same joint
-        solution, in every episode."""
+        """Joint positions with the gripper pointing down ``READY_HEIGHT`` over the middle of the workspace (None
+        when home already points down), reached from the exact home by the IK in small steps: the same path, so
+        the same joint solution, in every episode; and on the way to every task's first waypoint."""
         q = np.asarray(self.arm.home, float)  # the exact home, not this episode's perturbed start: one path
         pos, rot = self.ik.forward(q)
         if rot[2, 2] < -READY_TILT:
             return None
+        base = self.world.data.body(self.arm.base_body).xpos
+        center = np.asarray(self.world.params["workspace_center"], float)[:2]
+        if len(self.world.robot.arms) > 1:  # the working arm's half of a shared workspace
+            center = (center + base[:2]) / 2
+        goal = np.array([*center, READY_HEIGHT])
         target = top_down_rotation(nearest_equivalent(0.0, finger_yaw(rot), math.pi / 2))
         for _ in range(60):
             rot = turn_toward(rot, target, 0.05)
+            step = goal - pos
+            pos = pos + step * min(1.0, 0.02 / max(float(np.linalg.norm(step)), 1e-9))
             q = self.ik.solve(q, pos, rot)
+        for _ in range(20):  # settle on the goal
+            q = self.ik.solve(q, goal, target)
         return q
 
     def _ready_action(self) -> np.ndarray | None:
@@ -121,7 +132,10 @@ class ScriptedExpert:
             return None
         q_now = self.world.data.qpos[self.qidx]
         self.ready_steps += 1
-        if np.abs(self.ready - q_now).max() < 0.05 or self.ready_steps > READY_MAX_STEPS * self.scale:
+        # the commanded joints reached it: the phases start from it (the IK seeds from the command, so the branch
+        # is fixed) while the servos still catch up
+        reached = np.array_equal(self.q_cmd, self.ready) and np.abs(self.ready - q_now).max() < READY_TOL
+        if reached or self.ready_steps > READY_MAX_STEPS * self.scale:
             self.ready = None
             self.q_cmd = q_now.copy()
             self.pos_cmd = self.ee_pos()
