@@ -79,7 +79,7 @@ def test_sysid_recovers_known_parameters() -> None:
 def test_sysid_cli_writes_a_usable_preset(known_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "fit.yaml"
     assert main(["eval", "sysid", str(known_dataset), "--embodiment", "widowx", "--params", "kp,latency",
-                 "--max-evals", "40", "--out", str(out)]) == 0  # fmt: skip
+                 "--max-evals", "80", "--out", str(out)]) == 0  # fmt: skip
     res = json.loads(out.with_suffix(".json").read_text())
     assert res["params"]["latency"] == 1 and res["params"]["kp"] == pytest.approx(0.8, rel=0.05), res
     assert res["error_after"] < 0.1 * res["error_before"]
