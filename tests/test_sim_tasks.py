@@ -53,7 +53,6 @@ def test_reach_needs_the_gripper_on_the_target_not_any_link(robot: str) -> None:
 
     t, setup, world = _episode(robot, "reach", seed=2)
     target = setup.goal["target"]
-    obj = next(o for o in setup.objects if o["name"] == target)
     height = setup.goal["heights"][target]
     world.step(20)
     far = t.target_distance(world, setup)
@@ -62,7 +61,7 @@ def test_reach_needs_the_gripper_on_the_target_not_any_link(robot: str) -> None:
     geom = int(np.flatnonzero(world.model.geom_bodyid == link)[0])
     set_free_pos(world, target, world.data.geom_xpos[geom] - [0.0, 0.0, height / 2])
     mujoco.mj_forward(world.model, world.data)
-    assert robot_touches(world, target) and not gripper_over(world, obj, height)
+    assert robot_touches(world, target) and not gripper_over(world, target, height)
     assert not t.success(world, setup)
     t.set_goal_state(world, setup)
     assert t.success(world, setup)

@@ -187,20 +187,15 @@ def robot_touches(world: World, body: str) -> bool:
     return False
 
 
-def footprint_radius(obj: dict[str, Any]) -> float:
-    """Radius (m) of the circle around an object's footprint, from its ``build_world`` entry's ``size``."""
-    size = obj["size"]
-    return float(size[0]) * math.sqrt(2) if obj["kind"] == "cube" else float(size[0])
-
-
-def gripper_over(world: World, obj: dict[str, Any], height: float) -> bool:
-    """True if some arm's TCP (``ee`` site) is over object ``obj`` (its ``build_world`` entry): horizontally within
-    its footprint radius + ``REACH_XY_MARGIN`` of its centre and at most ``REACH_Z_MARGIN`` above its top
+def gripper_over(world: World, name: str, height: float) -> bool:
+    """True if some arm's TCP (``ee`` site) is over object ``name``: horizontally within its footprint radius
+    (``ObjectHandles.radius``) + ``REACH_XY_MARGIN`` of its centre and at most ``REACH_Z_MARGIN`` above its top
     (``height`` m above its bottom)."""
-    pos = body_pos(world, obj["name"])
+    pos = body_pos(world, name)
+    radius = world.objects[name].radius
     for arm in world.robot.arms:
         tcp = world.data.site(arm.ee_site).xpos
-        near = np.linalg.norm(tcp[:2] - pos[:2]) <= footprint_radius(obj) + REACH_XY_MARGIN
+        near = np.linalg.norm(tcp[:2] - pos[:2]) <= radius + REACH_XY_MARGIN
         if near and tcp[2] <= pos[2] + height + REACH_Z_MARGIN:
             return True
     return False
@@ -268,8 +263,7 @@ class Reach(Task):
         """The gripper is on the named object: the robot touches it with its TCP over it (a sweep of some link
         through the object, which a random policy often makes, does not count)."""
         target = setup.goal["target"]
-        obj = next(o for o in setup.objects if o["name"] == target)
-        return robot_touches(world, target) and gripper_over(world, obj, setup.goal["heights"][target])
+        return robot_touches(world, target) and gripper_over(world, target, setup.goal["heights"][target])
 
     def set_goal_state(self, world: World, setup: TaskSetup) -> None:
         # Put the object under a finger pad, its centre moved from the pad's towards the TCP by its half-width
@@ -476,7 +470,6 @@ __all__ = [
     "TaskSetup",
     "Workspace",
     "body_pos",
-    "footprint_radius",
     "gripper_over",
     "robot_touches",
     "set_free_pos",
