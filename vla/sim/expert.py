@@ -142,7 +142,9 @@ class ScriptedExpert:
             self.rot = top_down_rotation(self._yaw())
             return None
         step = READY_SPEED * self.dt
-        self.q_cmd = self.q_cmd + np.clip(self.ready - self.q_cmd, -step, step)
+        left = self.ready - self.q_cmd
+        # exactly the ready pose once within a step (q + (r - q) need not round to r), so `reached` can hold
+        self.q_cmd = np.where(np.abs(left) <= step, self.ready, self.q_cmd + np.clip(left, -step, step))
         action = self.base_action.copy()
         action[self.act_joint_dims] = self.q_cmd + self.world.data.qfrc_bias[self.dofs] / self.kp
         action[self.act_grip_dim] = self.phases[0].gripper
