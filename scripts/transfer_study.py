@@ -263,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--randomization", default=d.randomization, help="generation and the first evaluation column"
     )
+    ap.add_argument("--execute-steps", type=int, default=d.execute_steps,
+                    help="actions the learned policies run per chunk (default: the whole chunk)")  # fmt: skip
     ap.add_argument(
         "--validation", action="store_true", help="evaluate on the tuning seeds, not the reported ones"
     )
@@ -271,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.eval_episodes < 1:
         ap.error("--seeds and --eval-episodes must be at least 1")
+    if args.execute_steps is not None and args.execute_steps < 1:
+        ap.error(f"--execute-steps must be at least 1, got {args.execute_steps}")
 
     kind = "transfer_study_validation" if args.validation else "transfer_study"
     out = args.out or REPO / "benchmarks" / "results" / f"{kind}_{date.today().isoformat()}.json"
@@ -289,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             image_size=args.image_size,
             randomization=args.randomization,
+            execute_steps=args.execute_steps,
             seeds=args.seeds,
             train_seed=seed,
             new_robot_seed=1000 + 100 * seed,

@@ -53,6 +53,7 @@ class DemoSizes:
     train_seed: int = 0  # pretraining's and fine-tuning's train.seed
     new_robot_seed: int = 1000  # generation seed of the unseen robot's demonstrations (pretraining data: 0)
     eval_seed: int = 7  # first episode seed of every evaluation (same for every policy: paired)
+    execute_steps: int | None = None  # actions the learned policies run per chunk (None: the whole chunk)
 
 
 QUICK = DemoSizes(
@@ -169,12 +170,21 @@ class Demo:
         for level in (s.randomization, "reality_proxy"):
             for name, policy in self.policies().items():
                 out = self.root / "eval" / f"{name}_{level}"
+                learned = policy not in ("expert", "random")
+                execute = s.execute_steps if learned else None
                 if (out / "results.json").is_file():
+                    kept = json.loads((out / "results.json").read_text()).get("execute_steps")
+                    if kept != execute:
+                        raise SystemExit(
+                            f"{out}/results.json was evaluated with execute_steps={kept}, this run asks for "
+                            f"{execute}: delete {out} (or use another work folder) to evaluate again"
+                        )
                     print(f"  {out}/results.json exists: kept", flush=True)
                     continue
+                extra = ["--execute-steps", execute] if execute is not None else []
                 self.vla("eval", "sim", policy, "--embodiment", NEW_ROBOT, "--task", TASK, "--episodes",
                          s.eval_episodes, "--randomization", level, "--workers", s.workers,
-                         "--seed", s.eval_seed,
+                         "--seed", s.eval_seed, *extra,
                          "--image-size", s.image_size, "--video-every", max(1, s.eval_episodes // 2),
                          "--out", out)  # fmt: skip
 
