@@ -14,8 +14,11 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   against a micro-batching server (``--max-batch 8``) and a one-at-a-time server (``--max-batch 1``, what openpi
   ships); ``speedup_8_clients`` is their ratio.
 
-LeRobot's async-inference gRPC policy server is not run here (it needs the peer venv, ``../shared/peer``, plus its
-``grpcio`` extras); ``peer_lerobot`` says so.
+* ``peer_lerobot``: LeRobot 0.6.1's own policy server (``lerobot.async_inference.policy_server``, gRPC, pickle on
+  the wire) at the peer's SmolVLA config, same cameras and state, timed the same way: one client's per-request
+  latency next to the server's compute path timed in process (``benchmarks/peer_lerobot_grpc.py``, in the peer venv
+  ``$PEER_VENV`` from ``../shared/peer``, which needs LeRobot's async extras: ``$PEER_VENV/bin/pip install
+  "grpcio>=1.73.1,<2" "protobuf>=6.31.1,<8"``). Run after ours, on the same quiet machine; ``--no-peer`` skips it.
 
     .venv/bin/python benchmarks/serve.py [--requests 12] [--per-client 4] [--dtype float32] [--compile] [--out FILE]
 """
@@ -32,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import REPO, cpu_model, emit
+from harness import REPO, cpu_model, emit, run_in_peer_venv
 from model import BENCH_SPEC, TASKS
 
 IMAGE = 224
@@ -191,6 +194,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--out", default="")
+    ap.add_argument("--no-peer", action="store_true", help="skip LeRobot's gRPC policy server")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -240,10 +244,32 @@ def main() -> None:
     by = {n: {t["clients"]: t["chunks_per_s"] for t in ts} for n, ts in result["throughput"].items()}
     if 8 in by["micro_batched"]:
         result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
-    result["peer_lerobot"] = {
-        "skipped": "LeRobot 0.6.1's async-inference gRPC policy server is not run by this script (needs the peer "
-        "venv with its grpc extras)"
-    }
+    if args.no_peer:
+        result["peer_lerobot"] = {"skipped": "--no-peer"}
+    else:
+        progress("LeRobot 0.6.1's gRPC policy server at the peer's SmolVLA config")
+        job = {"requests": args.requests, "warmup": 2, "threads": int(os.environ.get("OMP_NUM_THREADS", "2"))}
+        result["peer_lerobot"] = run_in_peer_venv(str(Path(__file__).with_name("peer_lerobot_grpc.py")), job)
+        peer = result["peer_lerobot"]
+        if "end_to_end_ms" in peer:
+            result["vs_peer"] = {
+                "end_to_end_p50_ms": {
+                    "ours": lat["end_to_end"]["p50_ms"],
+                    "lerobot_grpc": peer["end_to_end_ms"]["p50"],
+                },
+                "overhead_p50_ms": {
+                    "ours": lat["overhead"]["p50_ms"],
+                    "lerobot_grpc": peer["overhead_ms"]["p50"],
+                },
+                "overhead_p99_ms": {
+                    "ours": lat["overhead"]["p99_ms"],
+                    "lerobot_grpc": peer["overhead_ms"]["p99"],
+                },
+                "in_process_p50_ms": {
+                    "ours": result["in_process"]["p50_ms"],
+                    "lerobot": peer["in_process_ms"]["p50"],
+                },
+            }
     emit(result, args.out)
 
 
