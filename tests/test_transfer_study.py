@@ -110,3 +110,19 @@ def test_seed_layout_shares_pretraining_data_and_draws_the_new_robot_per_seed(tm
     sizes = study.StudySizes()
     reported = range(study.EVAL_SEED, study.EVAL_SEED + sizes.seeds * sizes.eval_episodes)
     assert study.VALIDATION_SEED not in reported and reported[-1] < study.VALIDATION_SEED
+
+
+def test_a_kept_evaluation_is_reused_only_with_the_same_settings(tmp_path: Path) -> None:
+    """Stage 4 resumes by keeping finished evaluations; one made with other seeds (e.g. the validation block), episode
+    count, randomization or actions per chunk is an error naming the folder and the difference, never reused."""
+    from vla.demo import _check_kept
+
+    out = tmp_path / "eval" / "finetuned_from_pretrained_low"
+    out.mkdir(parents=True)
+    kept = {"seed": 5_000_000, "episodes": 50, "randomization": "low", "execute_steps": None}
+    (out / "results.json").write_text(json.dumps(kept))
+    _check_kept(out, dict(kept))  # same settings: kept silently
+    with pytest.raises(SystemExit, match=r"finetuned_from_pretrained_low.*seed=5000000 \(now 10000\)"):
+        _check_kept(out, kept | {"seed": 10_000})
+    with pytest.raises(SystemExit, match=r"execute_steps=None \(now 4\)"):
+        _check_kept(out, kept | {"execute_steps": 4})

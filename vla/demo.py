@@ -67,6 +67,19 @@ QUICK = DemoSizes(
 )
 
 
+def _check_kept(out: Path, wanted: dict[str, object]) -> None:
+    """A finished evaluation is reused only when it was made with the settings asked for now (first episode seed,
+    episodes, randomization, actions per chunk); otherwise an error naming the folder and each difference."""
+    kept = json.loads((out / "results.json").read_text())
+    diff = {k: (kept.get(k), v) for k, v in wanted.items() if kept.get(k) != v}
+    if diff:
+        what = ", ".join(f"{k}={old!r} (now {new!r})" for k, (old, new) in diff.items())
+        raise SystemExit(
+            f"{out}/results.json was evaluated with {what}: delete {out} (or use another work folder) to "
+            "evaluate again"
+        )
+
+
 class Demo:
     """The stages above over one work folder (``runs/demo`` by default)."""
 
@@ -173,12 +186,8 @@ class Demo:
                 learned = policy not in ("expert", "random")
                 execute = s.execute_steps if learned else None
                 if (out / "results.json").is_file():
-                    kept = json.loads((out / "results.json").read_text()).get("execute_steps")
-                    if kept != execute:
-                        raise SystemExit(
-                            f"{out}/results.json was evaluated with execute_steps={kept}, this run asks for "
-                            f"{execute}: delete {out} (or use another work folder) to evaluate again"
-                        )
+                    _check_kept(out, {"seed": s.eval_seed, "episodes": s.eval_episodes,
+                                      "randomization": level, "execute_steps": execute})  # fmt: skip
                     print(f"  {out}/results.json exists: kept", flush=True)
                     continue
                 extra = ["--execute-steps", execute] if execute is not None else []
