@@ -16,7 +16,8 @@ import pytest
 
 from vla.config import DataConfig, load_config
 from vla.data.episode_index import NO_CACHE_ENV, EpisodeIndex, count_kept, index_key, index_paths, key_digest
-from vla.data.readers import open_dataset
+from vla.data.keymaps import KeyMapError
+from vla.data.readers import DatasetFormatError, open_dataset
 from vla.data.standardize import StandardizeOptions, keymap_for, standardize_episode
 from vla.data.windows import WindowDataset, build_source
 from vla.data.writers.rlds import droid_features, synthetic_droid_episode, write_rlds
@@ -245,3 +246,45 @@ def test_concurrent_starts_build_once_and_agree(droid: Path) -> None:
         assert p.exitcode == 0
     assert all(lengths == DROID_LENGTHS for lengths, _ in results)
     assert sum(built for _, built in results) == 1  # the others waited on the lock and read its index
+
+
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (DatasetFormatError("x.parquet: truncated"), True),
+        (KeyMapError("'observation.state' must have width 7"), True),
+        (TypeError("unsupported operand type(s)"), False),  # a bug in our code, not bad data
+        (KeyError("steps"), False),
+        (PermissionError(13, "Permission denied"), False),
+        ("wrapped_permission", False),  # a reader's named error for a file this user may not read
+    ],
+    ids=["format_error", "keymap_error", "type_error", "key_error", "permission", "wrapped_permission"],
+)
+def test_only_data_errors_are_recorded_as_unreadable_episodes(
+    lerobot: Path, monkeypatch: pytest.MonkeyPatch, error: Exception | str, recorded: bool
+) -> None:
+    reader = open_dataset(lerobot)
+    km = keymap_for(reader)
+    read_episode = reader.read_episode
+
+    def failing(split: str, episode: int) -> object:
+        if episode != 2:
+            return read_episode(split, episode)
+        if error == "wrapped_permission":
+            try:
+                raise PermissionError(13, "Permission denied")
+            except PermissionError:
+                raise DatasetFormatError("x.parquet: permission denied") from None
+        raise error
+
+    monkeypatch.setattr(reader, "read_episode", failing)
+    unreadable: dict[str, dict[int, str]] = {}
+    if recorded:
+        lengths = count_kept(reader, km, None, ["train"], workers=0, unreadable=unreadable)["train"]
+        assert lengths.tolist() == [12, 7, 0, 3] and list(unreadable["train"]) == [2]
+        assert str(error) in unreadable["train"][2]
+    else:
+        expected = DatasetFormatError if error == "wrapped_permission" else type(error)
+        with pytest.raises(expected):
+            count_kept(reader, km, None, ["train"], workers=0, unreadable=unreadable)
+        assert not unreadable.get("train")

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import vla
-from vla.data.keymaps import KeyMap
+from vla.data.keymaps import KeyMap, KeyMapError
 from vla.data.keymaps.conversions import IDLE_THRESHOLD, MIN_IDLE_RUN, MIN_KEEP_RUN, TRIM_RUN_END
 from vla.data.readers.base import DatasetFormatError, DatasetReader
 from vla.data.standardize import StandardizeOptions, standardize_episode
@@ -292,8 +292,13 @@ def find_index(
 _WORKER: dict[str, Any] = {}  # set before forking so workers inherit the reader without pickling it
 
 
-# errors of the machine, not of the data: never recorded as an unreadable episode (the index would keep the episode
-# out after the machine is fixed, since the files did not change)
+#: what reading a damaged episode raises: the readers and standardization turn missing, truncated or corrupt files,
+#: text that is not UTF-8 and features that do not fit the key map into these, naming the file. Only these are
+#: recorded as an unreadable episode; anything else (a TypeError in our own code, an error of the machine) propagates,
+#: never hidden as bad data.
+_DATA_ERRORS = (DatasetFormatError, KeyMapError)
+# errors of the machine, not of the data, even when a reader wraps them in a DatasetFormatError that names the file:
+# never recorded (the index would keep the episode out after the machine is fixed, since the files did not change)
 _NOT_DATA_ERRORS = (
     PermissionError,
     TimeoutError,
@@ -304,15 +309,28 @@ _NOT_DATA_ERRORS = (
 )
 
 
+def _caused_by_the_machine(error: BaseException) -> bool:
+    """Whether ``error`` or an exception it was raised from (``__cause__``, or ``__context__`` under ``from
+    None``) is an error of the machine."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, _NOT_DATA_ERRORS):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _count_one(
     reader: DatasetReader, keymap: KeyMap, options: StandardizeOptions | None, split: str, episode: int
 ) -> int | str:
-    """Kept frames of one episode, or why it cannot be read (its error, as a message)."""
+    """Kept frames of one episode, or why its data cannot be read (its error, as a message)."""
     try:
         return len(standardize_episode(reader, split, episode, keymap, options=options).frames)
-    except _NOT_DATA_ERRORS:
-        raise
-    except Exception as e:
+    except _DATA_ERRORS as e:
+        if _caused_by_the_machine(e):
+            raise
         return f"{type(e).__name__}: {e}"
 
 
@@ -342,8 +360,9 @@ def count_kept(
 ) -> dict[str, np.ndarray]:
     """Standardize every episode of ``splits`` once -> ``{split: int64 [num_episodes] kept frames}``.
 
-    An episode that cannot be standardized (a damaged file, text that is not UTF-8, ...) counts 0 frames and its
-    error goes to ``unreadable[split][episode]``; without ``unreadable`` the first such error is raised.
+    An episode whose data cannot be read (a ``DatasetFormatError`` or ``KeyMapError``: a damaged file, text that is
+    not UTF-8, ...) counts 0 frames and its error goes to ``unreadable[split][episode]``; without ``unreadable`` the
+    first such error is raised. Any other exception (a bug, a permission or memory error) propagates.
 
     ``workers`` forked processes (None: up to ``MAX_WORKERS``, none for small datasets) each take contiguous
     runs of episodes (sequential reads within a shard); results come back in order, so the result does not
