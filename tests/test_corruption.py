@@ -314,6 +314,30 @@ def test_rlds_instruction_not_utf8_is_a_named_error(
     assert len(found) == 1 and "episode 1" in found[0]["where"] and str(shard) in found[0]["message"]
 
 
+@pytest.mark.parametrize("damage", ["shard_empty", "shard_lengths_wrong"])
+def test_rlds_shard_that_disagrees_with_its_listed_length_fails_every_read_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    """Every episode of the shard, not only the first read, gets the named error (an IndexError out of the reader's
+    record index before)."""
+    root = bridge_rlds(tmp_path)
+    shard = next(root.glob("*.tfrecord-*"))
+    if damage == "shard_empty":
+        shard.write_bytes(b"")
+    else:
+        edit_json(root / "dataset_info.json", lambda d: d["splits"][0].update(shardLengths=["5"]))
+    reader = open_dataset(root)
+    for episode in range(3):
+        with pytest.raises(
+            DatasetFormatError, match=rf"{re.escape(str(shard))}: dataset_info.json lists \d episodes"
+        ):
+            reader.read_episode("train", episode)
+    with pytest.raises(DatasetFormatError, match=re.escape(str(shard))):
+        epoch(loader_cfg(root))
+    with pytest.raises(DatasetFormatError, match=re.escape(str(shard))):
+        epoch(loader_cfg(root, on_bad_sample="skip", max_skipped_fraction=1.0))
+
+
 def test_show_marks_binary_strings_that_are_not_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

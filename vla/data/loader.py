@@ -447,6 +447,13 @@ def _rehearsal_loader(
     sources = [*new, *old]
     _check_unreadable(sources, cfg.max_skipped_fraction)
     for src in sources:
+        # every episode skipped: say why, not only that no frame is left
+        if src.num_samples == 0 and src.unreadable:
+            raise SkippedSamplesError(
+                f"{src.reader.path}: split {src.split!r} has no usable frames: {len(src.unreadable)} of its "
+                f"{len(src.lengths)} episodes cannot be read (first: {next(iter(src.unreadable.values()))}) and "
+                "the others have none after standardization. Repair the data"
+            )
         if src.num_samples == 0:
             raise ValueError(
                 f"{src.reader.path}: split {src.split!r} has no usable frames after standardization"
@@ -609,6 +616,13 @@ def build_loader(
         ]
     _check_unreadable(sources, cfg.max_skipped_fraction)
     for src in sources:
+        # every episode skipped: say why, not only that no frame is left
+        if src.num_samples == 0 and src.unreadable:
+            raise SkippedSamplesError(
+                f"{src.reader.path}: split {src.split!r} has no usable frames: {len(src.unreadable)} of its "
+                f"{len(src.lengths)} episodes cannot be read (first: {next(iter(src.unreadable.values()))}) and "
+                "the others have none after standardization. Repair the data"
+            )
         if src.num_samples == 0:
             raise ValueError(
                 f"{src.reader.path}: split {src.split!r} has no usable frames after standardization"

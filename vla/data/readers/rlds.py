@@ -283,12 +283,13 @@ class RLDSReader(DatasetReader):
     def _shard_index(self, s: _Split, i: int) -> np.ndarray:
         idx = s.index[i]
         if idx is None:
-            idx = s.index[i] = scan_tfrecord(s.shards[i], self._fd(s.shards[i]))
+            idx = scan_tfrecord(s.shards[i], self._fd(s.shards[i]))
             if s.counts is not None and len(idx) != s.counts[i]:
                 raise DatasetFormatError(
                     f"{s.shards[i]}: dataset_info.json lists {s.counts[i]} episodes for this shard but the "
                     f"file holds {len(idx)} records; the shard or dataset_info.json is stale; re-download it."
                 )
+            s.index[i] = idx  # kept only once checked: every later read of a bad shard fails the same way
         return idx
 
     def _cum(self, split: str) -> np.ndarray:
