@@ -494,6 +494,16 @@ def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def nan_weight(ckpt: Path) -> None:
+    """One NaN in the weights (a diverged training step saved, or a flipped bit in an exponent)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(ckpt / "model.safetensors")
+    name = sorted(n for n in tensors if n.startswith("heads."))[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize(
     ("damage", "named", "problem"),
     [
@@ -508,9 +518,10 @@ def truncate(path: Path) -> None:
          "not valid JSON"),
         (lambda ck: (ck / "embodiments" / "widowx_bridge.yaml").write_bytes(b"\xff:"), "embodiments/widowx_bridge.yaml",
          "not UTF-8"),
+        (nan_weight, "model.safetensors", "holds 1 NaN/inf value(s)"),
     ],
     ids=["truncated_weights", "no_tokenizer", "no_backbone", "no_weights", "truncated_config", "truncated_tokenizer",
-         "no_tokenizer_config", "image_norm_not_utf8", "embodiment_not_utf8"],
+         "no_tokenizer_config", "image_norm_not_utf8", "embodiment_not_utf8", "nan_weight"],
 )  # fmt: skip
 def test_damaged_checkpoint_names_the_file(
     clean_checkpoint: Path,

@@ -41,8 +41,9 @@ def load_weights(
     """Assign the tensors of the safetensors file ``path`` to ``model`` (built with ``empty_weights()``).
 
     Every entry of the model's state dict must be in the file, and every tensor of the file in the model except
-    the names in ``ignore`` (weights an older checkpoint format stored and this model no longer has). Floating
-    tensors are cast to the model's parameter dtype; ``requires_grad`` stays the model's."""
+    the names in ``ignore`` (weights an older checkpoint format stored and this model no longer has), and every
+    parameter finite. Floating tensors are cast to the model's parameter dtype; ``requires_grad`` stays the
+    model's."""
     try:
         state = load_file(str(path), device=str(device))
     except FileNotFoundError as e:
@@ -61,12 +62,20 @@ def load_weights(
             f"{path} does not match the architecture in config.json: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
+    parameters = {n for n, _ in model.named_parameters()}
     for name, tensor in state.items():
         want = expected[name]
         if tensor.shape != want.shape:
             raise ValueError(
                 f"{path} does not match the architecture in config.json: {name} is {list(tensor.shape)} in the "
                 f"file, {list(want.shape)} in the model"
+            )
+        # a NaN/inf weight makes every action chunk non-finite: refuse it here, naming the tensor
+        if name in parameters and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(
+                f"{path}: weight {name} holds {bad} NaN/inf value(s) of {tensor.numel()}; the file is corrupt or "
+                "training diverged before it was saved. Restore the checkpoint or use an earlier one"
             )
         if tensor.is_floating_point() and tensor.dtype != want.dtype:
             state[name] = tensor.to(want.dtype)
