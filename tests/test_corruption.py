@@ -192,6 +192,22 @@ def test_validate_reports_totals_that_disagree_with_the_episodes(
     assert kinds(found) == {"totals"} and str(root / "meta" / "info.json") in found[0]["where"]
 
 
+def test_stats_of_data_with_nan_warn_naming_the_dataset(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+
+    def nan_state(c: dict[str, list]) -> None:
+        c["observation.state"][8][0] = float("nan")  # episode 1 frame 2
+
+    edit_parquet(data_parquet(root), nan_state)
+    rc, out, err = run_cli(capsys, "data", "stats", root, "--out", tmp_path / "stats.json")
+    assert rc == 0 and out.startswith("wrote ")
+    assert err.startswith(f"warning: {root}: 1 non-finite (NaN/inf) value(s) in the standardized state"), err
+    assert "dims [0]" in err and f"vla data validate {root}" in err
+    assert run_cli(capsys, "data", "stats", clean_lerobot, "--out", tmp_path / "clean.json")[2] == ""
+
+
 def duplicate_last_episode(root: Path) -> None:
     def fn(c: dict[str, list]) -> None:
         for values in c.values():

@@ -75,7 +75,8 @@ def cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    from vla.data.stats import compute_stats, write_stats
+    from vla.data.normalize import StatsFile
+    from vla.data.stats import compute_stats, nonfinite_report, write_stats
 
     _register_spec(args)
     if len(args.path) == 1:
@@ -87,6 +88,8 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
             )
         path = compute_stats(list(args.path), max_episodes=args.max_episodes).save(args.out)
     print(f"wrote {path}")
+    for line in nonfinite_report(StatsFile.load(path)):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

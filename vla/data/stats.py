@@ -250,6 +250,26 @@ def _writable(folder: Path) -> bool:
     return os.access(p, os.W_OK) and bool(p.stat().st_mode & stat.S_IWUSR)
 
 
+def nonfinite_report(stats: StatsFile) -> list[str]:
+    """One line per dataset field whose data holds NaN/inf values (``NormStats.num_nonfinite``): they are left out
+    of the statistics, and normalizing with these stats refuses the field, so the user must hear of them now."""
+    lines = []
+    for key, fields in stats.stats.items():
+        if "@" not in key:  # the per-embodiment entries repeat the per-dataset ones
+            continue
+        for name, st in fields.items():
+            if st.num_nonfinite is not None and (bad := np.flatnonzero(st.num_nonfinite)).size:
+                source = next(
+                    (s.get("path") for s in stats.sources if s.get("dataset") == key.split("@", 1)[1]), key
+                )
+                lines.append(
+                    f"{source}: {int(st.num_nonfinite.sum())} non-finite (NaN/inf) value(s) in the standardized "
+                    f"{name} of {key} (dims {bad.tolist()[:8]}), left out of these statistics; training refuses "
+                    f"the field until they are fixed. `vla data validate {source}` names the episodes and frames."
+                )
+    return lines
+
+
 def write_stats(dataset_path: str | Path, out: str | Path | None = None, **kwargs: Any) -> Path:
     """Compute stats of one dataset (``compute_stats`` keyword arguments) and save them to ``out``, else to
     ``<dataset>/meta/vla_stats.json``, else (read-only dataset folder) to the cache. Returns the path written."""
