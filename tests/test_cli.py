@@ -400,7 +400,7 @@ def test_show_json_without_key_map_has_no_standardized(
 ) -> None:
     ds = unmapped_rlds
     out = show(capsys, ds.root, "--split", "test", "--episode", 0, "--frame", 2)
-    assert "standardized" not in out and "standardized_note" not in out
+    assert "standardized" not in out and "my_unmapped_set" in out["standardized_note"]  # why there is none
     assert (out["format"], out["split"], out["num_frames"]) == ("rlds", "test", 4)
     src = ds.episodes[2]["steps"]
     raw = out["raw"]
@@ -539,10 +539,11 @@ def test_info_without_key_map(unmapped_rlds: RLDSData, capsys: pytest.CaptureFix
     assert rc == 0, err
     info = parse_one_json_line(out)
     assert info["embodiment"] is None and info["name"] == "my_unmapped_set"
+    assert "my_unmapped_set" in info["key_map_problem"]  # why no key map applies
     assert info["splits"] == {"train": {"episodes": 2, "frames": 8}, "test": {"episodes": 1, "frames": 4}}
     assert set(info["features"]) == set(UNMAPPED_STEPS)
     rc, out, _ = run_cli(capsys, "data", "info", unmapped_rlds.root)
-    assert rc == 0 and "(no registered key map)" in out
+    assert rc == 0 and "(no registered key map: " in out and "my_unmapped_set" in out
 
 
 # ---- user errors: exit 2, one line naming the value and what is valid ------------------------------------------

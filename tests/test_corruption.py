@@ -192,6 +192,42 @@ def test_validate_reports_totals_that_disagree_with_the_episodes(
     assert kinds(found) == {"totals"} and str(root / "meta" / "info.json") in found[0]["where"]
 
 
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda r: edit_parquet(episodes_parquet(r), lambda c: c["length"].__setitem__(1, 60)),
+         "holds 24 rows but the episode metadata lists 78 frames"),
+        (lambda r: data_parquet(r).unlink(), "missing; the episode metadata lists 24 frames"),
+        (lambda r: data_parquet(r).write_bytes(b""), "cannot read it"),
+    ],
+    ids=["lengths_past_the_data", "data_file_missing", "data_file_empty"],
+)  # fmt: skip
+def test_info_says_when_the_data_files_do_not_hold_the_listed_frames(
+    clean_lerobot: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Callable[[Path], None],
+    problem: str,
+) -> None:
+    """``info`` counts frames from the episode metadata; one parquet footer per data file tells it when the data
+    disagrees, instead of printing counts the data does not hold."""
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    damage(root)
+    info_out = json.loads(run_cli(capsys, "data", "info", root, "--json")[1])
+    assert (
+        info_out["data_problem"].startswith(f"{data_parquet_path(root)}: ")
+        and problem in info_out["data_problem"]
+    )
+    rc, out, _ = run_cli(capsys, "data", "info", root)
+    assert rc == 0 and f"DATA PROBLEM: {data_parquet_path(root)}" in out
+    clean = json.loads(run_cli(capsys, "data", "info", clean_lerobot, "--json")[1])
+    assert clean["data_problem"] is None
+
+
+def data_parquet_path(root: Path) -> Path:
+    return root / "data" / "chunk-000" / "file-000.parquet"
+
+
 def test_stats_of_data_with_nan_warn_naming_the_dataset(
     clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -398,6 +434,11 @@ def test_missing_state_feature_is_named(
     assert "'observation.state'" in cli_error(capsys, "data", "stats", root)
     found = problems(capsys, root)
     assert kinds(found) == {"keymap"} and "'observation.state'" in found[0]["message"]
+    # info and show say why nothing is standardized instead of leaving the key map out silently
+    info_out = json.loads(run_cli(capsys, "data", "info", root, "--json")[1])
+    assert info_out["key_map"] is None and "'observation.state'" in info_out["key_map_problem"]
+    shown = json.loads(run_cli(capsys, "data", "show", root, "--episode", 0, "--frame", 0, "--json")[1])
+    assert "standardized" not in shown and "'observation.state'" in shown["standardized_note"]
 
 
 def test_stats_json_that_is_not_json_is_reported(

@@ -51,7 +51,10 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     if info.get("incomplete"):
         print(f"  INCOMPLETE: holds only the episodes written before `{info['incomplete']}` was interrupted; "
               "re-run that command to finish it")  # fmt: skip
-    print(f"  embodiment: {info['embodiment'] or '(no registered key map)'}")
+    if info.get("data_problem"):
+        print(f"  DATA PROBLEM: {info['data_problem']}")
+    embodiment = info["embodiment"] or f"(no registered key map: {info['key_map_problem']})"
+    print(f"  embodiment: {embodiment}")
     if info.get("fps"):
         print(f"  fps:        {info['fps']}")
     for split, s in info["splits"].items():

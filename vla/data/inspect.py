@@ -3,7 +3,8 @@
 ``show_frame`` implements the CLI's JSON contract (other tools parse it): ``path``, ``format``, ``split``, ``episode``,
 ``frame``, ``num_frames``, ``episode_metadata``, ``raw`` (every field of the step under its stored name; images
 summarized as ``{"shape": [H, W, C], "mean": ...}``) and ``standardized`` (the canonical frame; absent when the
-dataset has no registered key map; ``null`` plus ``standardized_note`` saying why when the key map drops the frame).
+dataset has no registered key map, with ``standardized_note`` saying why; ``null`` plus ``standardized_note`` saying
+why when the key map drops the frame).
 """
 
 from __future__ import annotations
@@ -51,17 +52,55 @@ def _is_image(value: Any) -> bool:
 
 
 def dataset_info(path: str | Path) -> dict[str, Any]:
-    """Format, splits, episodes, frames, features, (when a key map exists) embodiment of a dataset, and
-    ``incomplete``: the command that finishes it when the command writing it was interrupted (else None)."""
-    from vla.data.standardize import keymap_for
+    """Format, splits, episodes, frames, features, (when a key map exists) embodiment of a dataset, else
+    ``key_map_problem`` (why none applies: an unknown name or robot_type, a missing or mis-sized feature),
+    ``data_problem`` (``data_rows_problem``) and ``incomplete``: the command that finishes it when the command writing it was interrupted (else None)."""
+    from vla.data.standardize import keymap_for, no_keymap_reason
 
     reader = open_dataset(path)
     info = reader.info()
     km = keymap_for(reader)
     info["key_map"] = km.dataset if km is not None else None
     info["embodiment"] = km.embodiment if km is not None else None
+    info["key_map_problem"] = no_keymap_reason(reader) if km is None else None  # why no key map applies
+    info["data_problem"] = data_rows_problem(reader)
     info["incomplete"] = reader.incomplete  # the command to re-run when its writing was interrupted
     return info
+
+
+#: ``data_rows_problem`` reads one parquet footer per data file up to this many files (LeRobot v3 packs many
+#: episodes per file; a v2.1 dataset of more episodes is left to ``vla data validate``, which reads every file)
+MAX_CHECKED_DATA_FILES = 1000
+
+
+def data_rows_problem(reader: DatasetReader) -> str | None:
+    """Why the frame counts ``info`` prints (from the episode metadata) are not what the LeRobot data files hold --
+    a data file missing, unreadable, or with another row count than its episodes' lengths add up to -- or None.
+    Only parquet footers are read; None for other formats and for more than ``MAX_CHECKED_DATA_FILES`` files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = getattr(reader, "meta", None)
+    if not reader.format.startswith("lerobot") or meta is None:
+        return None
+    frames: dict[Path, int] = {}
+    for ep in meta.episodes.values():
+        frames[ep.data_file] = frames.get(ep.data_file, 0) + ep.length
+    if len(frames) > MAX_CHECKED_DATA_FILES:
+        return None
+    for path, listed in sorted(frames.items()):
+        try:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        except FileNotFoundError:
+            return f"{path}: missing; the episode metadata lists {listed} frames in it. Restore the dataset"
+        except (OSError, pa.ArrowException) as e:
+            return f"{path}: cannot read it ({e}); the file is truncated or corrupt, re-download it"
+        if rows != listed:
+            return (
+                f"{path}: holds {rows} rows but the episode metadata lists {listed} frames in it; the frame counts "
+                "above come from the metadata. `vla data validate` names the episodes"
+            )
+    return None
 
 
 def _check_split_episode(reader: DatasetReader, split: str | None, episode: int) -> str:
@@ -79,7 +118,7 @@ def _check_split_episode(reader: DatasetReader, split: str | None, episode: int)
 
 def show_frame(path: str | Path, split: str | None, episode: int, frame: int) -> dict[str, Any]:
     """One step as a JSON-able dict following the ``vla data show --json`` contract."""
-    from vla.data.standardize import keymap_for, standardize_frame
+    from vla.data.standardize import keymap_for, no_keymap_reason, standardize_frame
 
     reader = open_dataset(path)
     split = _check_split_episode(reader, split, episode)
@@ -105,6 +144,8 @@ def show_frame(path: str | Path, split: str | None, episode: int, frame: int) ->
         except LookupError as e:  # the key map drops this frame (e.g. Bridge's all-zero first step)
             out["standardized"] = None
             out["standardized_note"] = str(e)
+    else:  # no standardized section, but said why: a missing or mis-sized feature must not go unnoticed
+        out["standardized_note"] = f"no key map applies: {no_keymap_reason(reader)}"
     return out
 
 
@@ -149,6 +190,8 @@ def format_frame(out: dict[str, Any]) -> str:
     ]
     for section in ("episode_metadata", "raw", "standardized"):
         if section not in out:
+            if section == "standardized" and out.get("standardized_note"):
+                lines.append(f"standardized: none ({out['standardized_note']})")
             continue
         value = out[section]
         if value is None:
