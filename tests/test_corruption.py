@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -190,6 +191,40 @@ def test_validate_reports_totals_that_disagree_with_the_episodes(
     edit_json(root / "meta" / "info.json", lambda i: i.update(total_frames=i["total_frames"] + 3))
     found = problems(capsys, root)
     assert kinds(found) == {"totals"} and str(root / "meta" / "info.json") in found[0]["where"]
+
+
+def test_an_episode_of_zero_frames_is_read_as_empty_and_reported(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Episode 2 listed with length 0 and no rows: every command reads the other episodes (it was a KeyError for
+    the episode without rows), validate names the empty episode."""
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    data = data_parquet(root)
+    table = pq.read_table(data)
+    pq.write_table(table.filter(pc.not_equal(table["episode_index"], 2)), data)
+
+    def fn(c: dict[str, list]) -> None:
+        c["length"][2] = 0
+        c["dataset_from_index"][3] -= LENGTH
+        c["dataset_to_index"] = [f + n for f, n in zip(c["dataset_from_index"], c["length"])]
+
+    edit_parquet(episodes_parquet(root), fn)
+    edit_json(root / INFO, lambda i: i.update(total_frames=(EPISODES - 1) * LENGTH))
+    assert open_dataset(root).read_episode("train", 2).steps["action"].shape == (0, 7)
+    assert run_cli(capsys, "data", "stats", root, "--out", tmp_path / "stats.json")[0] == 0
+    assert sum(len(b.prompt) for b in epoch(loader_cfg(root))) == (EPISODES - 1) * LENGTH
+    found = problems(capsys, root)
+    assert kinds(found) == {"empty_episode"} and "episode_index [2] has 0 frames" in found[0]["message"]
+
+
+def test_validate_reports_a_split_that_spans_fewer_episodes_than_listed(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    edit_json(root / INFO, lambda i: i.update(splits={"train": "0:2"}))
+    found = problems(capsys, root)
+    assert kinds(found) == {"splits"} and found[0]["where"] == f"{root / INFO} splits"
+    assert "spans 2 episodes but the episode metadata lists 4" in found[0]["message"]
 
 
 @pytest.mark.parametrize(
@@ -441,6 +476,18 @@ def test_missing_state_feature_is_named(
     assert "standardized" not in shown and "'observation.state'" in shown["standardized_note"]
 
 
+def test_stats_json_with_nan_is_reported(
+    clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = lerobot_copy(clean_lerobot, tmp_path)
+    edit_json(root / "meta" / "stats.json", lambda s: s["action"].update(std=[float("nan")] * 7))
+    found = problems(capsys, root)
+    assert (
+        kinds(found) == {"stats_json"}
+        and "non-finite (NaN or inf) statistics ['action/std']" in found[0]["message"]
+    )
+
+
 def test_stats_json_that_is_not_json_is_reported(
     clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -462,6 +509,58 @@ def test_timestamps_that_disagree_with_frame_index_and_fps_are_reported(
     found = problems(capsys, root)
     assert kinds(found) == {"timestamp"} and "episode 2 field 'timestamp'" in found[0]["where"]
     assert "expected 0.2 s" in found[0]["message"]
+
+
+def test_video_fps_that_disagrees_with_the_dataset_fps_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_lerobot_dataset(tmp_path / "vid", num_episodes=1, episode_length=3, cameras={"front": (8, 8)},
+                                state_dim=7, action_dim=7, fps=FPS, vcodec="h264", robot_type="widowx_bridge")  # fmt: skip
+    assert problems(capsys, root) == []
+    edit_json(
+        root / INFO, lambda i: i["features"]["observation.images.front"]["info"].update({"video.fps": 30})
+    )
+    found = problems(capsys, root)
+    assert (
+        kinds(found) == {"video_fps"}
+        and "features.observation.images.front.info.video.fps" in found[0]["where"]
+    )
+    assert f"video.fps 30 differs from the dataset's fps {FPS}" in found[0]["message"]
+
+
+def test_rlds_episode_without_boundary_flags_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = bridge_rlds(tmp_path)
+    assert problems(capsys, root) == []
+    reader = open_dataset(root)
+    episodes = []
+    for e in range(reader.num_episodes("train")):
+        steps = reader.read_episode("train", e).steps
+        flags = {k: np.array(steps[k], bool) for k in ("is_first", "is_last", "is_terminal")}
+        if e == 0:  # is_last on no step: as genuine OXE exports leave it, accepted
+            flags["is_last"][:] = False
+        if e == 1:
+            flags["is_first"][:] = False
+        if e == 2:  # is_last in the middle of the episode
+            flags["is_last"][2] = True
+        episodes.append({"steps": {
+            "observation/state": steps["observation/state"], "action": steps["action"], **flags,
+            "language_instruction": [str(t) for t in steps["language_instruction"]],
+            "observation/image_0": np.zeros((LENGTH, 8, 8, 3), np.uint8),
+            "observation/image_1": np.zeros((LENGTH, 8, 8, 3), np.uint8),
+        }, "episode_metadata": {}})  # fmt: skip
+    shutil.rmtree(root)
+    write_rlds(root, "bridge_dataset", {"train": episodes}, BRIDGE_STEPS)
+    found = problems(capsys, root)
+    assert [p["where"].removeprefix(f"{root} split 'train' ") for p in found] == [
+        "episode 1 field 'is_first'", "episode 2 field 'is_last'"
+    ]  # fmt: skip
+    assert "is_first is set on step(s) [], expected the first step (0) only" in found[0]["message"]
+    assert (
+        f"is_last is set on step(s) [2, {LENGTH - 1}], expected the last step ({LENGTH - 1}) only"
+        in found[1]["message"]
+    )
 
 
 # ---- errors that name the file ---------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import numpy as np
 from vla.data.readers import DatasetFormatError, DatasetReader
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from vla.data.validate import Problem
 
 MAX_LISTED = 5
@@ -36,6 +38,7 @@ def metadata_problems(reader: DatasetReader) -> list[Problem]:
     problems: list[Problem] = []
     if isinstance(reader, LeRobotReader):
         problems += _episode_problems(reader)
+        problems += _video_fps_problems(reader)
         problems += _stats_json_problems(reader)
     problems += _keymap_problems(reader)
     return problems
@@ -67,6 +70,16 @@ def _episode_problems(reader: DatasetReader) -> list[Problem]:
                 "write each episode's instruction into meta/tasks",
             )
         )
+    if empty := sorted(i for i, ep in meta.episodes.items() if ep.length == 0):
+        out.append(
+            Problem(
+                "empty_episode",
+                f"{reader.path / 'meta'} episode_index",
+                f"episode_index {_listed(empty)} has 0 frames: nothing of it can be trained on",
+                "re-record or remove the episode",
+            )
+        )
+    out += _split_problems(reader, info_path)
     frames = sum(ep.length for ep in meta.episodes.values())
     total = reader.lerobot_info().get("total_frames")  # type: ignore[attr-defined]
     if total is not None and int(total) != frames:
@@ -78,6 +91,91 @@ def _episode_problems(reader: DatasetReader) -> list[Problem]:
                 "re-create the dataset, or set total_frames to the episodes' total if they are complete",
             )
         )
+    return out
+
+
+def _split_problems(reader: DatasetReader, info_path: Path) -> list[Problem]:
+    """A single split whose ``start:stop`` range spans another number of episodes than the metadata lists: the
+    reader reads every listed episode as that split (LeRobot writes ``{"train": "0:N"}``, N the episode count),
+    so the range disagrees with the data."""
+    from vla.data.validate import Problem
+
+    raw = reader.lerobot_info().get("splits")  # type: ignore[attr-defined]
+    if not isinstance(raw, dict) or len(raw) != 1:
+        return []
+    (name, spec), listed = next(iter(raw.items())), len(reader.meta.episodes)  # type: ignore[attr-defined]
+    try:
+        lo, hi = (int(x) for x in str(spec).split(":"))
+    except ValueError:
+        return []
+    if hi - lo == listed:
+        return []
+    return [
+        Problem(
+            "splits",
+            f"{info_path} splits",
+            f"split {name!r} = {spec!r} spans {hi - lo} episodes but the episode metadata lists {listed}; every "
+            f"listed episode is read as {name!r}",
+            f"set splits to {{{name!r}: '0:{listed}'}}, or remove the episodes that do not belong",
+        )
+    ]
+
+
+def _video_fps_problems(reader: DatasetReader) -> list[Problem]:
+    """A video feature whose ``info["video.fps"]`` differs from the dataset's fps: frames are looked up at
+    ``frame_index / fps``, so a file encoded at another rate would give other frames than the metadata says."""
+    from vla.data.validate import Problem
+
+    info = reader.lerobot_info()  # type: ignore[attr-defined]
+    out: list[Problem] = []
+    for key, feature in (info.get("features") or {}).items():
+        meta = feature.get("info") if isinstance(feature, dict) and feature.get("dtype") == "video" else None
+        declared = meta.get("video.fps") if isinstance(meta, dict) else None
+        if (
+            isinstance(declared, int | float)
+            and reader.fps
+            and abs(float(declared) - float(reader.fps)) > 1e-6
+        ):
+            out.append(
+                Problem(
+                    "video_fps",
+                    f"{reader.path / 'meta' / 'info.json'} features.{key}.info.video.fps",
+                    f"video.fps {declared:g} differs from the dataset's fps {reader.fps:g}; frames are decoded at "
+                    "frame_index / fps",
+                    "set video.fps to the rate the videos were encoded at (ffprobe), or re-encode them at fps",
+                )
+            )
+    return out
+
+
+def flag_problems(where: str, steps: dict[str, np.ndarray]) -> list[Problem]:
+    """RLDS episode-boundary flags that are not ``is_first`` on the first step only, or ``is_last`` on another
+    step than the last (readers that split or join episodes by them would cut the episode elsewhere). An
+    ``is_last`` set on no step is accepted: genuine Open X-Embodiment exports leave it so (the bridge_dataset
+    debug copy Octo's tests use sets it on none of its 50 episodes)."""
+    from vla.data.validate import Problem
+
+    out: list[Problem] = []
+    for key, at in (("is_first", 0), ("is_last", -1)):
+        flags = steps.get(key)
+        if flags is None or len(flags) == 0 or flags.dtype == object:
+            continue
+        flags = np.asarray(flags).reshape(len(flags), -1)[:, 0].astype(bool)
+        expected = np.zeros(len(flags), bool)
+        expected[at] = True
+        if key == "is_last" and not flags.any():
+            continue
+        if (flags != expected).any():
+            step = "first" if at == 0 else "last"
+            out.append(
+                Problem(
+                    "episode_flags",
+                    f"{where} field {key!r}",
+                    f"{key} is set on step(s) {np.flatnonzero(flags)[:MAX_LISTED].tolist()}, expected the {step} "
+                    f"step ({len(flags) - 1 if at else 0}) only",
+                    "re-export the episode with its boundary flags set as RLDS defines them",
+                )
+            )
     return out
 
 
@@ -109,6 +207,21 @@ def _stats_json_problems(reader: DatasetReader) -> list[Problem]:
                 "stats_json",
                 str(path),
                 f"non-numeric statistics {bad[:MAX_LISTED]}",
+                "delete it and recompute the statistics (LeRobot's compute_stats)",
+            )
+        ]
+    nonfinite = [
+        f"{key}/{name}"
+        for key, fields in (stats or {}).items()
+        for name, value in fields.items()
+        if value.dtype.kind == "f" and not np.isfinite(value).all()
+    ]
+    if nonfinite:
+        return [
+            Problem(
+                "stats_json",
+                str(path),
+                f"non-finite (NaN or inf) statistics {nonfinite[:MAX_LISTED]}",
                 "delete it and recompute the statistics (LeRobot's compute_stats)",
             )
         ]
@@ -165,4 +278,4 @@ def timestamp_problems(reader: DatasetReader, where: str, steps: dict[str, np.nd
     ]
 
 
-__all__ = ["TIMESTAMP_TOLERANCE_S", "metadata_problems", "timestamp_problems"]
+__all__ = ["TIMESTAMP_TOLERANCE_S", "flag_problems", "metadata_problems", "timestamp_problems"]

@@ -59,7 +59,8 @@ def _check_lowdim(
                 )
             )
         if arr.dtype.kind == "f":
-            bad = ~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)
+            # [frames, values per frame]: an explicit width, since -1 is undefined for an episode of 0 frames
+            bad = ~np.isfinite(arr.reshape(len(arr), int(np.prod(arr.shape[1:])))).all(axis=1)
             if bad.any():
                 frames = np.flatnonzero(bad)
                 problems.append(
@@ -143,7 +144,7 @@ def validate_dataset(
         splits = reader.splits()
     except Exception as e:
         return [Problem("unreadable", str(path), str(e), "check the path and that the dataset is complete")]
-    from vla.data.consistency import metadata_problems, timestamp_problems
+    from vla.data.consistency import flag_problems, metadata_problems, timestamp_problems
     from vla.data.running_stats import RunningStats
     from vla.data.standardize import keymap_for, standardize_episode
 
@@ -169,6 +170,7 @@ def validate_dataset(
                 problems.append(Problem("unreadable", where, str(e), "repair or remove the damaged file"))
                 continue
             _check_lowdim(reader, where, raw.steps, problems)
+            problems.extend(flag_problems(where, raw.steps))
             if not any(p.kind == "missing_frames" and p.where.startswith(f"{where} ") for p in problems):
                 problems.extend(timestamp_problems(reader, where, raw.steps))  # a gap is reported once
             _check_images(reader, split, ep, raw.length, where, problems)

@@ -291,7 +291,7 @@ class LeRobotReader(DatasetReader):
                 raise DatasetFormatError(f"{path}: rows of episode {ep} are not contiguous; rewrite the file")
             rows[ep] = (start, stop)
         for ep in self._episodes_by_file.get(path, []):
-            start, stop = rows.get(ep.index, (0, 0))
+            start, stop = rows.setdefault(ep.index, (0, 0))  # a listed episode of 0 frames has no rows
             if stop - start != ep.length:
                 raise DatasetFormatError(
                     f"{path}: episode {ep.index} has {stop - start} rows but the episode metadata says {ep.length}; "
