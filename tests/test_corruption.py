@@ -675,9 +675,14 @@ def nan_weight(ckpt: Path) -> None:
         (lambda ck: (ck / "embodiments" / "widowx_bridge.yaml").write_bytes(b"\xff:"), "embodiments/widowx_bridge.yaml",
          "not UTF-8"),
         (nan_weight, "model.safetensors", "holds 1 NaN/inf value(s)"),
+        (lambda ck: (ck / "config.json").unlink(), "config.json", "missing, so"),
+        (lambda ck: edit_json(ck / "config.json", lambda c: c["model"]["flow"].update(num_steps="ten")), "config.json",
+         "`flow.num_steps`"),
+        (lambda ck: edit_json(ck / "config.json", lambda c: c.pop("model")), "config.json", "no 'model' section"),
     ],
     ids=["truncated_weights", "no_tokenizer", "no_backbone", "no_weights", "truncated_config", "truncated_tokenizer",
-         "no_tokenizer_config", "image_norm_not_utf8", "embodiment_not_utf8", "nan_weight"],
+         "no_tokenizer_config", "image_norm_not_utf8", "embodiment_not_utf8", "nan_weight", "no_config",
+         "config_value_not_parsed", "config_without_model"],
 )  # fmt: skip
 def test_damaged_checkpoint_names_the_file(
     clean_checkpoint: Path,

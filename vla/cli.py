@@ -181,6 +181,11 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
     _quiet_transformers()
     target = resolve_checkpoint(args.target)  # a run folder means its newest complete step
+    if target.is_dir() and not (target / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{target / 'config.json'}: missing, so {target} is not a vla checkpoint folder; restore config.json "
+            "(or pass a model preset name or YAML file)"
+        )
     if (target / "config.json").is_file():  # a checkpoint folder (its weights file missing is an error there)
         from vla.models.hub import from_pretrained
 

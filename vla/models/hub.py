@@ -41,6 +41,7 @@ import torch
 from safetensors.torch import save_file, save_model
 
 from vla import __version__
+from vla.config import ConfigError
 from vla.embodiments import EmbodimentSpec
 from vla.faults import kill_point
 from vla.models.backbone import VLMBackbone
@@ -247,7 +248,12 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         pre = root / PREPROCESSING
         model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
         return model
-    cfg: ModelConfig = load_model_config(meta["model"])
+    try:
+        cfg: ModelConfig = load_model_config(meta["model"])
+    except KeyError:
+        raise ValueError(f"{cfg_file}: no 'model' section; restore it or re-save the checkpoint") from None
+    except ConfigError as e:  # a field that does not parse: name the file it is in
+        raise ConfigError(f"{cfg_file}: {e}; restore it or re-save the checkpoint") from None
     specs = []
     for name in cfg.embodiments:
         f = root / "embodiments" / f"{name}.yaml"
