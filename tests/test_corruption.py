@@ -298,8 +298,12 @@ INFO = Path("meta/info.json")
         (lambda r: edit_json(r / INFO, lambda i: i.update(fps=0)), INFO, "fps must be a positive number"),
         (lambda r: edit_json(r / INFO, lambda i: i.update(data_path="data/{nope}.parquet")), INFO, "data_path"),
         (duplicate_last_episode, Path("meta/episodes/chunk-000/file-000.parquet"), "listed more than once"),
+        (lambda r: episodes_parquet(r).write_bytes(b""), Path("meta/episodes/chunk-000/file-000.parquet"),
+         "empty file"),
+        (lambda r: (r / "meta" / "tasks.parquet").write_bytes(b""), Path("meta/tasks.parquet"), "empty file"),
     ],
-    ids=["info_not_object", "features_not_object", "fps_zero", "bad_data_path", "duplicate_episode"],
+    ids=["info_not_object", "features_not_object", "fps_zero", "bad_data_path", "duplicate_episode",
+         "empty_episodes_parquet", "empty_tasks_parquet"],
 )  # fmt: skip
 def test_damaged_lerobot_metadata_is_one_named_error(
     clean_lerobot: Path,

@@ -110,15 +110,26 @@ def _parquet_errors(path: Path, what: str) -> Iterator[None]:
         ) from e
 
 
+def _not_empty(path: Path, what: str) -> None:
+    # pyarrow reads a 0-byte file as a table without columns, which would be reported as missing columns
+    if path.stat().st_size == 0:
+        raise DatasetFormatError(
+            f"{path}: empty file (0 bytes) instead of {what}; restore or re-download the dataset"
+        )
+
+
 def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
-    """``path`` as an Arrow table; a missing, unreadable, truncated or corrupt file is a ``DatasetFormatError``."""
+    """``path`` as an Arrow table; a missing, empty, unreadable, truncated or corrupt file is a
+    ``DatasetFormatError``."""
     with _parquet_errors(path, what):
+        _not_empty(path, what)
         return pq.read_table(path, columns=columns, memory_map=True)
 
 
 def read_parquet_schema(path: Path, what: str) -> list[str]:
     """Column names of the parquet file ``path`` (errors as in ``read_parquet``)."""
     with _parquet_errors(path, what):
+        _not_empty(path, what)
         return pq.read_schema(path).names
 
 
@@ -328,7 +339,7 @@ class LeRobotMetadata:
         episodes: dict[int, EpisodeRecord] = {}
         known = {t: t for t in self.tasks.values()}
         for path in files:
-            names = read_parquet_schema(path, "episode metadata") if path.stat().st_size else []
+            names = read_parquet_schema(path, "episode metadata")
             if missing := [c for c in needed if c not in names]:
                 raise DatasetFormatError(
                     f"{path}: missing column(s) {missing}; the episode metadata is incomplete or truncated"
