@@ -87,9 +87,11 @@ BRIDGE_STEPS = {
 }  # fmt: skip
 
 
-def bridge_rlds(root: Path, instruction: Callable[[int], str | bytes] = lambda e: f"pick block {e}") -> Path:
-    """An RLDS ``bridge_dataset`` (its registered key map) of 3 episodes x 6 steps; ``instruction(e)`` is the
-    language instruction of every step of episode ``e``."""
+def bridge_rlds(
+    root: Path, instruction: Callable[[int], str | bytes] = lambda e: f"pick block {e}", shards: int = 1
+) -> Path:
+    """An RLDS ``bridge_dataset`` (its registered key map) of 3 episodes x 6 steps in ``shards`` shards;
+    ``instruction(e)`` is the language instruction of every step of episode ``e``."""
     rng = np.random.default_rng(0)
     flags = np.eye(LENGTH, dtype=bool)
     episodes = [
@@ -104,7 +106,7 @@ def bridge_rlds(root: Path, instruction: Callable[[int], str | bytes] = lambda e
         for e in range(3)
     ]  # fmt: skip
     path = root / "bridge_dataset" / "1.0.0"
-    write_rlds(path, "bridge_dataset", {"train": episodes}, BRIDGE_STEPS)
+    write_rlds(path, "bridge_dataset", {"train": episodes}, BRIDGE_STEPS, num_shards=shards)
     return path
 
 
@@ -427,6 +429,27 @@ def test_rlds_shard_that_disagrees_with_its_listed_length_fails_every_read_by_na
         epoch(loader_cfg(root))
     with pytest.raises(DatasetFormatError, match=re.escape(str(shard))):
         epoch(loader_cfg(root, on_bad_sample="skip", max_skipped_fraction=1.0))
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["shard_lengths_listed", "shards_globbed"])
+def test_a_missing_rlds_shard_is_named_not_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], listed: bool
+) -> None:
+    """Of 2 shards, the second deleted: every command refuses the split naming the shard, whether
+    dataset_info.json lists the shard lengths or the shards are found by their -XXXXX-of-00002 names (the episodes
+    of the first shard were read alone, silently)."""
+    root = bridge_rlds(tmp_path, shards=2)
+    if not listed:
+        edit_json(root / "dataset_info.json", lambda d: d["splits"][0].pop("shardLengths"))
+    assert open_dataset(root).num_episodes("train") == 3
+    gone = sorted(root.glob("*.tfrecord-*"))[1]
+    gone.unlink()
+    named = str(gone) if listed else "shard(s) [1] are missing"
+    with pytest.raises(DatasetFormatError, match=re.escape(named)):
+        open_dataset(root)
+    assert named in cli_error(capsys, "data", "info", root)
+    with pytest.raises(DatasetFormatError, match=re.escape(named)):
+        build_loader(loader_cfg(root))
 
 
 def test_show_marks_binary_strings_that_are_not_text(

@@ -243,6 +243,7 @@ class RLDSReader(DatasetReader):
                 self.path / shard_name(template, name, split, fmt, i, len(counts)) for i in range(len(counts))
             ]
             if not counts or not all(p.is_file() for p in shards):
+                _check_no_shard_missing(shards if counts else [], globbed.get(split, []), split)
                 shards, counts = globbed.get(split, []), None
             if not shards:
                 expected = f"{name}-{split}.{fmt}-XXXXX-of-YYYYY"
@@ -440,3 +441,24 @@ class RLDSReader(DatasetReader):
                 f"{arr.shape} != features.json shape {f.shape}; fix features.json or re-export the dataset."
             )
         return arr
+
+
+def _check_no_shard_missing(listed: list[Path], found: list[Path], split: str) -> None:
+    """Refuse a split some of whose shards are absent, instead of silently reading the others: a shard that
+    dataset_info.json lists (``listed``, named by its template) is missing while others it lists are there or the
+    globbed shards (``found``) are fewer than it lists; or a globbed ``-XXXXX-of-YYYYY`` shard set holds fewer than
+    YYYYY files. (Shards found only under other names than the template, as many as listed, are read.)"""
+    missing = [p for p in listed if not p.is_file()]
+    if missing and (len(missing) < len(listed) or len(found) < len(listed)):
+        raise DatasetFormatError(
+            f"{missing[0]}: missing; {len(missing)} of the {len(listed)} shards dataset_info.json lists for split "
+            f"{split!r} are absent, so their episodes would be left out. Re-download them."
+        )
+    totals = {int(m["n"]) for p in found if (m := SHARD_RE.match(p.name))}
+    if len(totals) == 1 and (total := totals.pop()) > len(found):
+        have = {int(m["i"]) for p in found if (m := SHARD_RE.match(p.name))}
+        absent = sorted(set(range(total)) - have)
+        raise DatasetFormatError(
+            f"{found[0].parent}: split {split!r} has {len(found)} of its {total} shards (-of-{total:05d}); shard(s) "
+            f"{absent[:5]} are missing, so their episodes would be left out. Re-download them."
+        )
