@@ -724,3 +724,31 @@ def test_damaged_checkpoint_names_the_file(
     damage(ckpt)
     line = cli_error(capsys, "model", "info", ckpt)
     assert f"{ckpt / named}:" in line and problem in line
+
+
+def test_model_info_says_when_the_checkpoint_stats_cannot_serve(
+    clean_checkpoint: Path, clean_lerobot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN quantile bound in norm_stats.json: ``model info`` still describes the checkpoint but says serving
+    refuses it, as ``Policy`` does (it printed "included" as for good stats)."""
+    from vla.data.stats import compute_stats
+
+    ckpt = tmp_path / "model"
+    shutil.copytree(clean_checkpoint, ckpt)
+    compute_stats(clean_lerobot, progress=False).save(ckpt / "norm_stats.json")
+    info_out = json.loads(run_cli(capsys, "model", "info", ckpt, "--json")[1])
+    assert info_out["norm_stats"] == {"widowx_bridge": True} and info_out["serving_problem"] is None
+
+    def nan_q99(stats: dict[str, Any]) -> None:
+        stats["stats"]["widowx_bridge"]["state"]["q99"][0] = float("nan")
+
+    edit_json(ckpt / "norm_stats.json", nan_q99)
+    rc, out, _ = run_cli(capsys, "model", "info", ckpt, "--json")
+    problem = json.loads(out)["serving_problem"]
+    assert (
+        rc == 0
+        and problem.startswith(f"{ckpt}: cannot serve 'widowx_bridge'")
+        and "widowx_bridge/state" in problem
+    )
+    rc, out, _ = run_cli(capsys, "model", "info", ckpt)
+    assert rc == 0 and f"SERVING PROBLEM: {ckpt}: cannot serve 'widowx_bridge'" in out

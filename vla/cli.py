@@ -24,6 +24,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from vla.models.policies.flow_vla import FlowVLA
 
 
 def _print_json(obj: object) -> None:
@@ -175,6 +181,18 @@ def cmd_model_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serving_problem(model: FlowVLA, target: Path) -> str | None:
+    """Why ``Policy`` would refuse to serve this checkpoint with its stats (NaN or degenerate bounds, stats keyed
+    for another embodiment, ...), checked the way serving checks it; None when it would serve."""
+    from vla.policy import Policy
+
+    try:
+        Policy(model, name=str(target))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def cmd_model_info(args: argparse.Namespace) -> int:
     from vla.models.hub import stats_coverage, stats_summary
     from vla.models.run_dir import resolve_checkpoint
@@ -199,6 +217,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
         names = args.embodiment or list(cfg.embodiments) or ["widowx_bridge"]
         model = POLICIES.get(cfg.policy)(cfg, [get_embodiment(n) for n in names])
     counts = model.parameter_counts()
+    serving = _serving_problem(model, target) if model.norm_stats is not None else None
     if args.json:
         _print_json(
             {
@@ -207,6 +226,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
                 "embodiments": list(model.embodiment_ids),
                 "parameters": counts,
                 "norm_stats": stats_coverage(model.norm_stats, list(model.embodiment_ids)),
+                "serving_problem": serving,
             }
         )
         return 0
@@ -216,6 +236,8 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     )
     print(f"embodiments: {', '.join(model.embodiment_ids)}")
     print(f"normalization stats: {stats_summary(model.norm_stats, list(model.embodiment_ids))}")
+    if serving:
+        print(f"SERVING PROBLEM: {serving}")
     print(f"{'component':<20}{'total':>16}{'trainable':>16}")
     for name, c in counts.items():
         print(f"{name:<20}{c['total']:>16,}{c['trainable']:>16,}")
