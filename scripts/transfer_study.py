@@ -186,6 +186,17 @@ def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
         }
         for lvl in levels
     }
+    diverged = {  # episodes ended by a simulation blow-up (counted as failures), per arm and level
+        arm: {
+            lvl: sum(
+                bool(row.get("physics_diverged"))
+                for s in per_seed
+                for row in per_seed[s][arm][lvl]["episodes_detail"]
+            )
+            for lvl in levels
+        }
+        for arm in ARMS
+    }
     val = {
         arm: {str(run.seed): run.final_val_loss(arm) for run in runs}
         for arm in ("finetuned_from_pretrained", "finetuned_from_fresh")
@@ -203,6 +214,7 @@ def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
         },
         "pooled": pool,
         "finetune_final_val_loss": val,
+        "physics_diverged": diverged,
         "target_distance": distance_summary(per_seed, levels),
         "claims": claims,
     }

@@ -292,3 +292,19 @@ def test_via_server_matches_in_process(tiny_checkpoint: Path, tmp_path: Path) ->
             a["final_state"],
             b["final_state"],
         )
+
+
+def test_distance_summary_leaves_diverged_episodes_out_of_the_final_mean() -> None:
+    """An episode ended by a physics blow-up keeps its closest distance (reached before the blow-up) but not its final
+    one (a launched object can be metres away by then); the count of such episodes is reported."""
+    from vla.eval.rollout import distance_summary
+
+    rows = [
+        {"min_target_distance_m": 0.05, "final_target_distance_m": 0.10, "physics_diverged": False},
+        {"min_target_distance_m": 0.03, "final_target_distance_m": 59336.9, "physics_diverged": True},
+        {"min_target_distance_m": 0.07, "final_target_distance_m": 0.20, "physics_diverged": False},
+    ]
+    s = distance_summary(rows)
+    assert s["episodes"] == 3 and s["diverged"] == 1
+    assert s["min_mean"] == pytest.approx(0.05)
+    assert s["final_mean"] == pytest.approx(0.15)

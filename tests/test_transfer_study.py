@@ -46,6 +46,8 @@ def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, 
             dist = DISTANCE[lvl].get(arm, lambda i: 0.01)
             # episode seeds: disjoint blocks per training seed, as the study's evaluations draw them
             rows = [{"seed": 100 * seed + i, "min_target_distance_m": dist(i)} for i in range(n)]
+            if arm == "finetuned_from_fresh" and lvl == "reality_proxy":
+                rows[seed]["physics_diverged"] = True  # one simulation blow-up per seed
             out.joinpath("results.json").write_text(json.dumps(
                 {"successes": k, "episodes": n, "success_rate": k / n, "ci95": [lo, hi], "episodes_detail": rows}
             ))  # fmt: skip
@@ -84,6 +86,8 @@ def test_pooled_rates_intervals_claims_and_plot(tmp_path: Path) -> None:
         {"0": 0.4, "1": 0.5, "2": 0.6}
     )
     assert summary["per_seed"]["2"]["random"]["reality_proxy"]["successes"] == 1
+    assert summary["physics_diverged"]["finetuned_from_fresh"] == {"low": 0, "reality_proxy": 3}
+    assert summary["physics_diverged"]["finetuned_from_pretrained"] == {"low": 0, "reality_proxy": 0}
 
     # graded progress: paired per-episode differences over all 150 episodes of the 3 seeds
     low, proxy = summary["target_distance"]["low"], summary["target_distance"]["reality_proxy"]

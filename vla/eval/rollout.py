@@ -180,16 +180,19 @@ def _write_video(cfg: EvalConfig, row: dict[str, Any]) -> str:
 
 
 def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float] | None:
-    """Mean closest and mean final TCP-to-target distance (m) over the episodes, or None when the task names no
-    object."""
+    """Mean closest and mean final TCP-to-target distance (m), or None when the task names no object. The final
+    mean leaves out episodes whose physics diverged (an object launched by a contact blow-up can be metres away by
+    the step the divergence is detected); ``diverged`` counts them."""
     closest = [r["min_target_distance_m"] for r in rows if r.get("min_target_distance_m") is not None]
-    final = [r["final_target_distance_m"] for r in rows if r.get("final_target_distance_m") is not None]
+    final = [r["final_target_distance_m"] for r in rows
+             if r.get("final_target_distance_m") is not None and not r.get("physics_diverged")]  # fmt: skip
     if not closest:
         return None
     return {
         "episodes": len(closest),
         "min_mean": float(np.mean(closest)),
-        "final_mean": float(np.mean(final)),
+        "final_mean": float(np.mean(final)) if final else float("nan"),
+        "diverged": sum(bool(r.get("physics_diverged")) for r in rows),
     }
 
 
@@ -207,6 +210,9 @@ def summarize(cfg_fields: dict[str, Any], rows: list[dict[str, Any]]) -> dict[st
         "task": cfg_fields["task"],
         "randomization": cfg_fields["randomization"],
         **summary,
+        "physics_diverged": sum(
+            bool(r.get("physics_diverged")) for r in rows
+        ),  # episodes ended by a sim blow-up
         "seed": cfg_fields["seed"],
         "execute_steps": cfg_fields.get("execute_steps"),
         "breakdown": {key: grouped_summary(rows, key) for key in ("task", "embodiment", "level")},
