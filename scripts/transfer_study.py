@@ -19,7 +19,9 @@ non-overlapping intervals) and a PNG of the pooled rates next to it.
 
 Tuning never sees the evaluation episodes: ``--validation`` evaluates on a disjoint block of episode seeds (from
 ``VALIDATION_SEED``) into its own work folder and writes ``transfer_study_validation_<date>.json``; tune the sizes
-there, then run once without it. Every stage resumes, so an interrupted study continues where it stopped.
+there, then run once without it. Every stage resumes, so an interrupted study continues where it stopped. Training
+never sees evaluation seeds, so the reported run may evaluate the validation run's models instead of training the
+same seeds again: ``--training-from runs/transfer_study/validation`` runs stage 4 only, into ``reported/``.
 
     .venv/bin/python scripts/transfer_study.py [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
         [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--validation]
@@ -69,10 +71,19 @@ class SeedRun(Demo):
     """One seed of the study: ``Demo``'s stages 1-4 in ``workdir/seed_<k>``, with the pretraining data shared by
     every seed (``workdir/data``) and the unseen robot's demonstrations drawn per seed."""
 
-    def __init__(self, workdir: Path, seed: int, sizes: DemoSizes) -> None:
-        super().__init__(workdir / f"seed_{seed}", sizes)
-        self.data = workdir / "data"
+    def __init__(self, workdir: Path, seed: int, sizes: DemoSizes, training_from: Path | None = None) -> None:
+        """``training_from``: a finished study's work folder whose stages 1-3 (data, pretraining, fine-tuning) this
+        run evaluates instead of repeating them; stage 4 still writes to ``workdir``."""
+        base = training_from or workdir
+        super().__init__(base / f"seed_{seed}", sizes)
+        self.data = base / "data"
         self.seed = seed
+        self.training_from = training_from
+        self._eval_root = workdir / f"seed_{seed}" / "eval"
+
+    @property
+    def eval_root(self) -> Path:
+        return self._eval_root
 
     def dataset(self, robot: str) -> Path:
         if robot == NEW_ROBOT:
@@ -80,6 +91,20 @@ class SeedRun(Demo):
         return super().dataset(robot)
 
     def run_stages(self) -> None:
+        if self.training_from is not None:
+            missing = [p for p in (self.root / "export_pretrained", self.root / "export_fresh")
+                       if not (p / "config.json").is_file()]  # fmt: skip
+            if missing:
+                raise SystemExit(
+                    f"--training-from {self.training_from}: {', '.join(map(str, missing))} not found; run the "
+                    "study there first (without --training-from) so its stages 1-3 finish"
+                )
+            print(
+                f"\n[1-3/6] seed {self.seed}: data, pretraining and fine-tuning of {self.root} (kept)",
+                flush=True,
+            )
+            self.stage(4, f"seed {self.seed}: closed-loop evaluation", self.evaluate)
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         self.stage(
             1, f"seed {self.seed}: demonstrations ({', '.join(PRETRAIN_ROBOTS)} + {NEW_ROBOT})", self.generate
@@ -95,7 +120,7 @@ class SeedRun(Demo):
         levels = (self.sizes.randomization, "reality_proxy")
         return {
             arm: {
-                lvl: json.loads((self.root / "eval" / f"{arm}_{lvl}" / "results.json").read_text())
+                lvl: json.loads((self.eval_root / f"{arm}_{lvl}" / "results.json").read_text())
                 for lvl in levels
             }
             for arm in ARMS
@@ -281,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         "--validation", action="store_true", help="evaluate on the tuning seeds, not the reported ones"
     )
     ap.add_argument("--workdir", type=Path, default=REPO / "runs" / "transfer_study")
+    ap.add_argument(
+        "--training-from",
+        type=Path,
+        default=None,
+        help="evaluate the trained models of a finished study's work folder (e.g. runs/transfer_study/validation: "
+        "training never sees evaluation seeds, so the same seeds train the same models) instead of training again",
+    )
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/...)")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.eval_episodes < 1:
@@ -311,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             new_robot_seed=1000 + 100 * seed,
             eval_seed=first_eval_seed + seed * args.eval_episodes,
         )
-        run = SeedRun(workdir, seed, sizes)
+        run = SeedRun(workdir, seed, sizes, training_from=args.training_from)
         run.t0 = t0
         run.run_stages()
         runs.append(run)
@@ -335,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             "levels": list(levels),
             "first_eval_seed": first_eval_seed,
             "finetune_preset": "finetune_lora",
+            "training_from": str(args.training_from) if args.training_from else None,
         },
         **summary,
     }

@@ -130,3 +130,30 @@ def test_a_kept_evaluation_is_reused_only_with_the_same_settings(tmp_path: Path)
         _check_kept(out, kept | {"seed": 10_000})
     with pytest.raises(SystemExit, match=r"execute_steps=None \(now 4\)"):
         _check_kept(out, kept | {"execute_steps": 4})
+
+
+def test_training_from_evaluates_the_kept_models_into_its_own_folder(tmp_path: Path) -> None:
+    """``--training-from``: stage 4 only, on the given study's exported models, written under the new work folder
+    (the validation run's evaluations stay where they are); missing exports are an error naming them."""
+    study = _study()
+    trained, reported = tmp_path / "validation", tmp_path / "reported"
+    sizes = study.StudySizes(eval_episodes=3, eval_seed=10_000)
+    run = study.SeedRun(reported, 0, sizes, training_from=trained)
+    with pytest.raises(SystemExit, match=r"export_pretrained.*not found"):
+        run.run_stages()
+    for name in ("export_pretrained", "export_fresh"):
+        (trained / "seed_0" / name).mkdir(parents=True)
+        (trained / "seed_0" / name / "config.json").write_text("{}")
+    calls: list[list[str]] = []
+    run.vla = lambda *args: calls.append(
+        [str(a) for a in args]
+    )  # record the commands instead of running them
+    run.run_stages()
+    assert {c[0] for c in calls} == {"eval"}  # no generation, training or fine-tuning
+    policies = {c[2] for c in calls}
+    assert policies == {str(trained / "seed_0" / "export_pretrained"), str(trained / "seed_0" / "export_fresh"),
+                        "expert", "random"}  # fmt: skip
+    outs = {c[c.index("--out") + 1] for c in calls}
+    assert outs == {str(reported / "seed_0" / "eval" / f"{a}_{lvl}") for a in study.ARMS
+                    for lvl in ("low", "reality_proxy")}  # fmt: skip
+    assert all(c[c.index("--seed") + 1] == "10000" for c in calls)

@@ -114,6 +114,11 @@ class Demo:
     def dataset(self, robot: str) -> Path:
         return self.data / f"sim_{robot}_{TASK}"
 
+    @property
+    def eval_root(self) -> Path:
+        """Where stage 4 writes one folder per policy and randomization."""
+        return self.root / "eval"
+
     # ---- 1. data -------------------------------------------------------------------------------------------------
     def generate(self) -> None:
         s = self.sizes
@@ -182,7 +187,7 @@ class Demo:
         s = self.sizes
         for level in (s.randomization, "reality_proxy"):
             for name, policy in self.policies().items():
-                out = self.root / "eval" / f"{name}_{level}"
+                out = self.eval_root / f"{name}_{level}"
                 learned = policy not in ("expert", "random")
                 execute = s.execute_steps if learned else None
                 if (out / "results.json").is_file():
@@ -219,7 +224,7 @@ class Demo:
 
     # ---- 6. report -------------------------------------------------------------------------------------------
     def report(self) -> None:
-        runs = [*sorted((self.root / "eval").iterdir()), self.root / "served_episode"]
+        runs = [*sorted((self.eval_root).iterdir()), self.root / "served_episode"]
         self.vla("eval", "report", *runs, "--out", self.root / "report.html")
         card = self.root / "export_pretrained" / "README.md"
         shutil.copyfile(card, self.root / "MODEL_CARD.md")
@@ -232,7 +237,7 @@ class Demo:
         for name in self.policies():
             cells = []
             for level in (self.sizes.randomization, "reality_proxy"):
-                res = json.loads((self.root / "eval" / f"{name}_{level}" / "results.json").read_text())
+                res = json.loads((self.eval_root / f"{name}_{level}" / "results.json").read_text())
                 lo, hi = res["ci95"]
                 cells.append(f"{res['successes']}/{res['episodes']} [{lo:.2f}, {hi:.2f}]")
             lines.append(f"{name:<28}" + "".join(f"{c:>28}" for c in cells))
