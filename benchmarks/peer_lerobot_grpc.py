@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import socket
 import statistics
 import subprocess
@@ -91,8 +92,10 @@ def robot_features(peer, side: int) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    peer_dir, job = Path(sys.argv[1]), json.loads(sys.argv[2])
+    peer_dir, job = Path(sys.argv[1]).resolve(), json.loads(sys.argv[2])
     sys.path.insert(0, str(peer_dir))
+    work = Path(tempfile.mkdtemp(prefix="peer_grpc_"))
+    os.chdir(work)  # LeRobot's loggers write logs/ into the working directory, from import time on
     import grpc
     import peer_lerobot_bench as peer
     import torch
@@ -109,8 +112,6 @@ def main() -> None:
         job.get("image", 224),
     )
     torch.set_num_threads(threads)
-    work = Path(tempfile.mkdtemp(prefix="peer_grpc_"))
-    os.chdir(work)  # LeRobot's server loggers write logs/ into the working directory
     ckpt = save_checkpoint(peer, work / "smolvla")
     feats, raw = robot_features(peer, side)
     spec = RemotePolicyConfig(policy_type="smolvla", pretrained_name_or_path=str(ckpt), lerobot_features=feats,
@@ -149,6 +150,18 @@ def main() -> None:
         server.wait(timeout=60)
     result["chunk_shape"] = [list(s) for s in shapes]
     result["end_to_end_ms"] = _pcts(e2e)
+    # The server's own time per request (its log line "Observation N | Total time: X ms": raw-observation mapping,
+    # preprocessing, the chunk, postprocessing), paired with the client's time of the same request.
+    served = {}
+    for log in sorted((work / "logs").glob("policy_server_*.log")):
+        for m in re.finditer(r"Observation (\d+) \| Total time: ([\d.]+)ms", log.read_text()):
+            served[int(m.group(1))] = float(m.group(2))
+    paired = [(e2e[i - warmup] - served[i]) for i in range(warmup, warmup + n) if i in served]
+    if paired:
+        result["server_compute_ms"] = _pcts([served[i] for i in range(warmup, warmup + n) if i in served])
+        result["overhead_per_request_ms"] = _pcts(paired) | {
+            "definition": "end-to-end minus the server's own logged compute time of the same request"
+        }
 
     # The same compute path in this process: the server's _predict_action_chunk on the same observation.
     local = PolicyServer(PolicyServerConfig(host="127.0.0.1", port=port, inference_latency=0.0))

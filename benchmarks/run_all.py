@@ -38,7 +38,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], bool]] = {
     "train": ("train.py", [], True),
     "finetune": ("finetune.py", [], True),
     "eval": ("eval.py", [], False),
-    "serve": ("serve.py", [], False),
+    "serve": ("serve.py", [], True),
 }
 
 Row = dict[str, Any]
@@ -126,6 +126,12 @@ def _serve(r: dict) -> list[Row]:
         _row("serving: protocol overhead per request, p99", "ms", _get(r, "protocol_overhead_ms", "p99"),
              better="lower", note="target 5 ms"),
         _row("serving: micro-batching gain at 8 clients", "x", _get(r, "speedup_8_clients"), note="target 2x"),
+        _row("serving: one request end to end, p50", "ms", _get(r, "latency", "end_to_end", "p50_ms"),
+             _get(r, "peer_lerobot", "end_to_end_ms", "p50"), better="lower",
+             note="vla serve (WebSocket) vs LeRobot's gRPC policy server, same model config"),
+        _row("serving: protocol overhead per request, p50", "ms", _get(r, "latency", "overhead", "p50_ms"),
+             _get(r, "peer_lerobot", "overhead_per_request_ms", "p50"), better="lower",
+             note="end to end minus the server's own compute time of the same request"),
     ]  # fmt: skip
 
 

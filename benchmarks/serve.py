@@ -18,7 +18,7 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   the wire) at the peer's SmolVLA config, same cameras and state, timed the same way: one client's per-request
   latency next to the server's compute path timed in process (``benchmarks/peer_lerobot_grpc.py``, in the peer venv
   ``$PEER_VENV`` from ``../shared/peer``, which needs LeRobot's async extras: ``$PEER_VENV/bin/pip install
-  "grpcio>=1.73.1,<2" "protobuf>=6.31.1,<8"``). Run after ours, on the same quiet machine; ``--no-peer`` skips it.
+  "grpcio>=1.73.1,<2" "protobuf>=6.31.1,<8"``). Run after ours, on the same quiet machine; ``--skip-peer`` skips it.
 
     .venv/bin/python benchmarks/serve.py [--requests 12] [--per-client 4] [--dtype float32] [--compile] [--out FILE]
 """
@@ -194,7 +194,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--out", default="")
-    ap.add_argument("--no-peer", action="store_true", help="skip LeRobot's gRPC policy server")
+    ap.add_argument("--skip-peer", action="store_true", help="skip LeRobot's gRPC policy server")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -244,8 +244,8 @@ def main() -> None:
     by = {n: {t["clients"]: t["chunks_per_s"] for t in ts} for n, ts in result["throughput"].items()}
     if 8 in by["micro_batched"]:
         result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
-    if args.no_peer:
-        result["peer_lerobot"] = {"skipped": "--no-peer"}
+    if args.skip_peer:
+        result["peer_lerobot"] = {"skipped": "--skip-peer"}
     else:
         progress("LeRobot 0.6.1's gRPC policy server at the peer's SmolVLA config")
         job = {"requests": args.requests, "warmup": 2, "threads": int(os.environ.get("OMP_NUM_THREADS", "2"))}
@@ -259,16 +259,17 @@ def main() -> None:
                 },
                 "overhead_p50_ms": {
                     "ours": lat["overhead"]["p50_ms"],
-                    "lerobot_grpc": peer["overhead_ms"]["p50"],
+                    "lerobot_grpc": peer.get("overhead_per_request_ms", {}).get("p50"),
                 },
                 "overhead_p99_ms": {
                     "ours": lat["overhead"]["p99_ms"],
-                    "lerobot_grpc": peer["overhead_ms"]["p99"],
+                    "lerobot_grpc": peer.get("overhead_per_request_ms", {}).get("p99"),
                 },
                 "in_process_p50_ms": {
                     "ours": result["in_process"]["p50_ms"],
                     "lerobot": peer["in_process_ms"]["p50"],
                 },
+                "definition": "overhead: end-to-end minus the server's own compute time of the same request",
             }
     emit(result, args.out)
 
