@@ -308,3 +308,7 @@ def test_distance_summary_leaves_diverged_episodes_out_of_the_final_mean() -> No
     assert s["episodes"] == 3 and s["diverged"] == 1
     assert s["min_mean"] == pytest.approx(0.05)
     assert s["final_mean"] == pytest.approx(0.15)
+    # every episode diverged (one reality_proxy episode in make demo's test did): no final mean, still valid JSON
+    only = distance_summary(rows[1:2])
+    assert only["final_mean"] is None and only["diverged"] == 1
+    json.dumps(only, allow_nan=False)

@@ -179,10 +179,11 @@ def _write_video(cfg: EvalConfig, row: dict[str, Any]) -> str:
     return str(out.relative_to(cfg.out))
 
 
-def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None] | None:
     """Mean closest and mean final TCP-to-target distance (m), or None when the task names no object. The final
     mean leaves out episodes whose physics diverged (an object launched by a contact blow-up can be metres away by
-    the step the divergence is detected); ``diverged`` counts them."""
+    the step the divergence is detected; None when every episode diverged, so results.json stays valid JSON);
+    ``diverged`` counts them."""
     closest = [r["min_target_distance_m"] for r in rows if r.get("min_target_distance_m") is not None]
     final = [r["final_target_distance_m"] for r in rows
              if r.get("final_target_distance_m") is not None and not r.get("physics_diverged")]  # fmt: skip
@@ -191,7 +192,7 @@ def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     return {
         "episodes": len(closest),
         "min_mean": float(np.mean(closest)),
-        "final_mean": float(np.mean(final)) if final else float("nan"),
+        "final_mean": float(np.mean(final)) if final else None,
         "diverged": sum(bool(r.get("physics_diverged")) for r in rows),
     }
 
