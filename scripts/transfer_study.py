@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from harness import cpu_model  # noqa: E402
 
 from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, TASK, Demo, DemoSizes  # noqa: E402
+from vla.eval.rollout import count_diverged  # noqa: E402
 from vla.eval.stats import wilson_interval  # noqa: E402
 
 EVAL_SEED = (
@@ -103,16 +104,19 @@ class SeedRun(Demo):
                 f"\n[1-3/6] seed {self.seed}: data, pretraining and fine-tuning of {self.root} (kept)",
                 flush=True,
             )
-            self.stage(4, f"seed {self.seed}: closed-loop evaluation", self.evaluate)
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.stage(
-            1, f"seed {self.seed}: demonstrations ({', '.join(PRETRAIN_ROBOTS)} + {NEW_ROBOT})", self.generate
-        )
-        self.stage(2, f"seed {self.seed}: cross-embodiment pretraining", self.pretrain)
-        self.stage(
-            3, f"seed {self.seed}: LoRA on {NEW_ROBOT} from the pretrained and a fresh model", self.finetune
-        )
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.stage(
+                1,
+                f"seed {self.seed}: demonstrations ({', '.join(PRETRAIN_ROBOTS)} + {NEW_ROBOT})",
+                self.generate,
+            )
+            self.stage(2, f"seed {self.seed}: cross-embodiment pretraining", self.pretrain)
+            self.stage(
+                3,
+                f"seed {self.seed}: LoRA on {NEW_ROBOT} from the pretrained and a fresh model",
+                self.finetune,
+            )
         self.stage(4, f"seed {self.seed}: closed-loop evaluation", self.evaluate)
 
     def results(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -213,11 +217,7 @@ def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
     }
     diverged = {  # episodes ended by a simulation blow-up (counted as failures), per arm and level
         arm: {
-            lvl: sum(
-                bool(row.get("physics_diverged"))
-                for s in per_seed
-                for row in per_seed[s][arm][lvl]["episodes_detail"]
-            )
+            lvl: sum(count_diverged(per_seed[s][arm][lvl]["episodes_detail"]) for s in per_seed)
             for lvl in levels
         }
         for arm in ARMS

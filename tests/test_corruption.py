@@ -249,20 +249,14 @@ def test_info_says_when_the_data_files_do_not_hold_the_listed_frames(
     """``info`` counts frames from the episode metadata; one parquet footer per data file tells it when the data
     disagrees, instead of printing counts the data does not hold."""
     root = lerobot_copy(clean_lerobot, tmp_path)
+    data_file = data_parquet(root)  # found before the damage, which may delete it
     damage(root)
     info_out = json.loads(run_cli(capsys, "data", "info", root, "--json")[1])
-    assert (
-        info_out["data_problem"].startswith(f"{data_parquet_path(root)}: ")
-        and problem in info_out["data_problem"]
-    )
+    assert info_out["data_problem"].startswith(f"{data_file}: ") and problem in info_out["data_problem"]
     rc, out, _ = run_cli(capsys, "data", "info", root)
-    assert rc == 0 and f"DATA PROBLEM: {data_parquet_path(root)}" in out
+    assert rc == 0 and f"DATA PROBLEM: {data_file}" in out
     clean = json.loads(run_cli(capsys, "data", "info", clean_lerobot, "--json")[1])
     assert clean["data_problem"] is None
-
-
-def data_parquet_path(root: Path) -> Path:
-    return root / "data" / "chunk-000" / "file-000.parquet"
 
 
 def test_stats_of_data_with_nan_warn_naming_the_dataset(

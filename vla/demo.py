@@ -224,7 +224,7 @@ class Demo:
 
     # ---- 6. report -------------------------------------------------------------------------------------------
     def report(self) -> None:
-        runs = [*sorted((self.eval_root).iterdir()), self.root / "served_episode"]
+        runs = [*sorted(self.eval_root.iterdir()), self.root / "served_episode"]
         self.vla("eval", "report", *runs, "--out", self.root / "report.html")
         card = self.root / "export_pretrained" / "README.md"
         shutil.copyfile(card, self.root / "MODEL_CARD.md")

@@ -179,6 +179,11 @@ def _write_video(cfg: EvalConfig, row: dict[str, Any]) -> str:
     return str(out.relative_to(cfg.out))
 
 
+def count_diverged(rows: list[dict[str, Any]]) -> int:
+    """Episodes among ``rows`` that the simulation ended by blowing up (``physics_diverged``; failures)."""
+    return sum(bool(r.get("physics_diverged")) for r in rows)
+
+
 def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None] | None:
     """Mean closest and mean final TCP-to-target distance (m), or None when the task names no object. The final
     mean leaves out episodes whose physics diverged (an object launched by a contact blow-up can be metres away by
@@ -193,7 +198,7 @@ def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None
         "episodes": len(closest),
         "min_mean": float(np.mean(closest)),
         "final_mean": float(np.mean(final)) if final else None,
-        "diverged": sum(bool(r.get("physics_diverged")) for r in rows),
+        "diverged": count_diverged(rows),
     }
 
 
@@ -211,9 +216,7 @@ def summarize(cfg_fields: dict[str, Any], rows: list[dict[str, Any]]) -> dict[st
         "task": cfg_fields["task"],
         "randomization": cfg_fields["randomization"],
         **summary,
-        "physics_diverged": sum(
-            bool(r.get("physics_diverged")) for r in rows
-        ),  # episodes ended by a sim blow-up
+        "physics_diverged": count_diverged(rows),
         "seed": cfg_fields["seed"],
         "execute_steps": cfg_fields.get("execute_steps"),
         "breakdown": {key: grouped_summary(rows, key) for key in ("task", "embodiment", "level")},
