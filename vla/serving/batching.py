@@ -13,12 +13,15 @@ one so only the offending request gets the error. Results go back to the loop wi
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from vla.policy import ActionChunk
 from vla.serving.metrics import ServerMetrics
@@ -28,6 +31,40 @@ log = logging.getLogger(__name__)
 
 # One chunk per observation; a sample's own failure (a non-finite chunk) may take its place as an exception.
 InferBatch = Callable[[Sequence[Observation], Sequence[int | None]], Sequence[ActionChunk | BaseException]]
+
+
+T = TypeVar("T")
+
+
+class ModelThread:
+    """One long-lived daemon thread for all model work: ``call(fn, ...)`` runs ``fn`` there and returns its result
+    (or raises its exception); ``MicroBatcher`` runs its loop there too. Why one thread: see the module docstring."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future]] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._work, name="vla-serve-model", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            fn, future = self._tasks.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # handed to the caller, who raises it
+                    future.set_exception(e)
+
+    def submit(self, fn: Callable[..., T], *args, **kwargs) -> concurrent.futures.Future[T]:
+        """Queue ``fn(*args, **kwargs)`` on the thread (after what is queued or running there) and return its
+        future."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._tasks.put((functools.partial(fn, *args, **kwargs), future))
+        return future
+
+    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        return self.submit(fn, *args, **kwargs).result()
 
 
 class OverloadedError(RuntimeError):
@@ -52,7 +89,10 @@ class _Job:
 
 
 class MicroBatcher:
-    """Queue + one model thread. ``await submit(obs, seed)`` -> ``Result`` (or the request's own exception)."""
+    """Queue + one model thread. ``await submit(obs, seed)`` -> ``Result`` (or the request's own exception).
+
+    ``model_thread``: the thread the model was loaded on (``vla serve`` passes the one it loaded and warmed the
+    policy on); by default a new one."""
 
     def __init__(
         self,
@@ -63,6 +103,7 @@ class MicroBatcher:
         metrics: ServerMetrics | None = None,
         max_queue: int = 1024,
         expect_more: Callable[[], bool] | None = None,
+        model_thread: ModelThread | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"--max-batch must be >= 1, got {max_batch}")
@@ -75,8 +116,8 @@ class MicroBatcher:
         self.expect_more = expect_more or (lambda: True)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._busy = 0  # requests taken off the queue and not yet answered (read by the drain on shutdown)
-        self._thread = threading.Thread(target=self._run, name="vla-serve-model", daemon=True)
-        self._thread.start()
+        self.model_thread = model_thread or ModelThread()
+        self._loop_done = self.model_thread.submit(self._run)
 
     @property
     def pending(self) -> int:
@@ -97,7 +138,7 @@ class MicroBatcher:
     def close(self, timeout: float | None = None) -> None:
         """Finish what is queued, then stop the model thread."""
         self._queue.put(None)
-        self._thread.join(timeout)
+        concurrent.futures.wait([self._loop_done], timeout)
 
     # ---- model thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -85,6 +85,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from vla.policy import Policy
+    from vla.serving.batching import ModelThread
     from vla.serving.modes import candidates, select_mode
     from vla.serving.protocol import PROTOCOL_VERSION
     from vla.serving.requests import Limits
@@ -94,10 +95,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check_flags(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = load_api_key(args.api_key_file) if args.api_key_file else None
-    policy = Policy.from_checkpoint(
-        args.checkpoint, embodiments=args.embodiment, device=args.device, num_steps=args.num_steps
+    # Loading, the mode trials and every batch run on one thread (vla.serving.batching: a second thread doing
+    # torch work would slow every forward pass down)
+    model_thread = ModelThread()
+    policy = model_thread.call(
+        Policy.from_checkpoint,
+        args.checkpoint,
+        embodiments=args.embodiment,
+        device=args.device,
+        num_steps=args.num_steps,
     )
-    mode, trials = select_mode(policy, candidates(args.dtype, args.compile, args.device), [1, args.max_batch])
+    mode, trials = model_thread.call(
+        select_mode, policy, candidates(args.dtype, args.compile, args.device), [1, args.max_batch]
+    )
     log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
     options = ServeOptions(
         host=args.host,
@@ -113,7 +123,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
     )
     serving = ServingApp(
-        policy, options, serving_mode={"mode": str(mode), "trials": [t.to_dict() for t in trials]}
+        policy,
+        options,
+        serving_mode={"mode": str(mode), "trials": [t.to_dict() for t in trials]},
+        model_thread=model_thread,
     )
 
     def ready(url: str) -> None:

@@ -39,7 +39,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from vla.policy import ActionSafetyError, Policy
-from vla.serving.batching import MicroBatcher, OverloadedError, Result
+from vla.serving.batching import MicroBatcher, ModelThread, OverloadedError, Result
 from vla.serving.json_numpy import JsonNumpyError, decode_json_numpy
 from vla.serving.metrics import ServerMetrics
 from vla.serving.protocol import PROTOCOL_VERSION, ProtocolError, pack, unpack
@@ -89,8 +89,15 @@ class ServingApp:
     """The ASGI app around one ``Policy``: routes, auth, limits, micro-batching, metrics."""
 
     def __init__(
-        self, policy: Policy, options: ServeOptions, *, serving_mode: dict[str, Any] | None = None
+        self,
+        policy: Policy,
+        options: ServeOptions,
+        *,
+        serving_mode: dict[str, Any] | None = None,
+        model_thread: ModelThread | None = None,
     ) -> None:
+        """``model_thread``: the thread ``policy`` was loaded and warmed up on, which then runs every batch
+        (``vla.serving.batching.ModelThread``); by default a new one."""
         self.policy, self.options = policy, options
         self.metrics = ServerMetrics(options.max_batch)
         self.batcher = MicroBatcher(
@@ -101,6 +108,7 @@ class ServingApp:
             max_queue=max(64, 4 * options.max_connections),
             # A WebSocket client has at most one request in flight; REST callers are unknown, so wait for them.
             expect_more=lambda: self.in_flight < self.connections or self.rest_active > 0,
+            model_thread=model_thread,
         )
         self.default = policy.embodiments[0] if len(policy.embodiments) == 1 else None
         self.metadata = self._metadata(serving_mode or {})
