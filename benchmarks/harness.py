@@ -33,6 +33,14 @@ def stats3(xs: list[float]) -> dict[str, float]:
     return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
+def percentiles(xs: list[float], suffix: str = "_ms") -> dict[str, float]:
+    """Median, 99th percentile and mean of ``xs`` (one interpolation, ``statistics.quantiles``' inclusive method,
+    for our side and the peer's, so their tails compare), with the sample count; keys ``p50<suffix>`` etc."""
+    s = sorted(xs)
+    q = statistics.quantiles(s, n=100, method="inclusive") if len(s) > 1 else [s[0]] * 99
+    return {"n": len(s), f"p50{suffix}": q[49], f"p99{suffix}": q[98], f"mean{suffix}": statistics.fmean(s)}
+
+
 def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
 

@@ -30,7 +30,6 @@ import os
 import pickle
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,21 +37,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from harness import percentiles  # stdlib only: importable in the peer venv (this folder is sys.path[0])
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _pcts(xs: list[float]) -> dict[str, float]:
-    ys = sorted(xs)
-    return {
-        "p50": statistics.median(ys),
-        "p99": ys[min(len(ys) - 1, round(0.99 * (len(ys) - 1)))],
-        "mean": statistics.fmean(ys),
-        "n": len(ys),
-    }
 
 
 def save_checkpoint(peer, out: Path) -> Path:
@@ -149,7 +140,7 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=60)
     result["chunk_shape"] = [list(s) for s in shapes]
-    result["end_to_end_ms"] = _pcts(e2e)
+    result["end_to_end_ms"] = percentiles(e2e, suffix="")
     # The server's own time per request (its log line "Observation N | Total time: X ms": raw-observation mapping,
     # preprocessing, the chunk, postprocessing), paired with the client's time of the same request.
     served = {}
@@ -158,8 +149,10 @@ def main() -> None:
             served[int(m.group(1))] = float(m.group(2))
     paired = [(e2e[i - warmup] - served[i]) for i in range(warmup, warmup + n) if i in served]
     if paired:
-        result["server_compute_ms"] = _pcts([served[i] for i in range(warmup, warmup + n) if i in served])
-        result["overhead_per_request_ms"] = _pcts(paired) | {
+        result["server_compute_ms"] = percentiles(
+            [served[i] for i in range(warmup, warmup + n) if i in served], suffix=""
+        )
+        result["overhead_per_request_ms"] = percentiles(paired, suffix="") | {
             "definition": "end-to-end minus the server's own logged compute time of the same request"
         }
 
@@ -174,7 +167,7 @@ def main() -> None:
         local._predict_action_chunk(obs)
         if i >= warmup:
             inproc.append((time.perf_counter() - t0) * 1e3)
-    result["in_process_ms"] = _pcts(inproc)
+    result["in_process_ms"] = percentiles(inproc, suffix="")
     med = result["in_process_ms"]["p50"]
     result["overhead_ms"] = {"p50": result["end_to_end_ms"]["p50"] - med, "p99": result["end_to_end_ms"]["p99"] - med,
                              "definition": "end-to-end minus the in-process median of the same compute path"}  # fmt: skip

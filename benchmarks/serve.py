@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import REPO, cpu_model, emit, run_in_peer_venv
+from harness import REPO, cpu_model, emit, percentiles, run_in_peer_venv
 from model import BENCH_SPEC, TASKS
 
 IMAGE = 224
@@ -100,12 +100,6 @@ def in_process(ckpt: Path, dtype: str, compile: bool, n: int) -> dict:
             times.append((time.perf_counter() - t0) * 1000)
         progress(f"in process {i}: {(time.perf_counter() - t0) * 1000:.0f} ms")
     return percentiles(times)
-
-
-def percentiles(xs: list[float]) -> dict:
-    s = sorted(xs)
-    q = statistics.quantiles(s, n=100, method="inclusive") if len(s) > 1 else [s[0]] * 99
-    return {"n": len(s), "p50_ms": q[49], "p99_ms": q[98], "mean_ms": statistics.fmean(s)}
 
 
 class Server:

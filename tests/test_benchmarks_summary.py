@@ -67,3 +67,33 @@ def test_a_missing_benchmark_result_is_named(tmp_path: Path) -> None:
     summary = run_all.summarize(tmp_path)
     assert all(e["rows"] == [] and "no " in e["missing"] for e in summary["benchmarks"].values())
     assert "| serve | no serve_<date>.json in" in run_all.markdown(summary)
+
+
+def test_ours_and_the_peers_latency_percentiles_are_one_function() -> None:
+    """Serving's p99 beside LeRobot's compares only if both sides interpolate alike: the peer script (run in the
+    peer venv) uses ``harness.percentiles`` too, so ``harness`` may import only the standard library."""
+    import ast
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    got = harness.percentiles([float(x) for x in range(1, 101)])
+    assert got == {"n": 100, "p50_ms": 50.5, "p99_ms": pytest.approx(99.01), "mean_ms": 50.5}
+    assert set(harness.percentiles([3.0], suffix="")) == {"n", "p50", "p99", "mean"}
+
+    def imports(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        return names | {
+            n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+        }
+
+    assert imports(REPO / "benchmarks" / "harness.py") - {"__future__"} <= set(sys.stdlib_module_names)
+    for script in ("serve.py", "peer_lerobot_grpc.py"):
+        source = (REPO / "benchmarks" / script).read_text()
+        assert "from harness import" in source and "percentiles" in source, script
+        assert "quantiles(" not in source and "round(0.99" not in source, (
+            f"{script} computes its own percentiles"
+        )
