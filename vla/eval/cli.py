@@ -1,6 +1,6 @@
 """``vla eval``: closed-loop success (``sim``), robustness per randomization axis (``sweep``), sim-vs-reference
-agreement (``gap``), replay error against logs (``replay``), system identification (``sysid``) and the HTML
-``report``. Registered on the ``vla`` parser by ``add_eval_parser``; every sub-command imports its module lazily.
+agreement (``gap``), replay error against logs (``replay``), system identification (``sysid``), whether a
+checkpoint looks or copies its state (``probe``) and the HTML ``report``. Registered on the ``vla`` parser by ``add_eval_parser``; every sub-command imports its module lazily.
 """
 
 from __future__ import annotations
@@ -153,6 +153,28 @@ def cmd_eval_sysid(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_probe(args: argparse.Namespace) -> int:
+    from vla.eval.probe import probe, write_probe
+
+    result = probe(args.policy, args.embodiment, args.task, episodes=args.episodes, seed=args.seed,
+                   image_size=args.image_size, randomization=args.randomization, samples=args.samples,
+                   shift=args.shift, device=args.device, dtype=args.dtype)  # fmt: skip
+    s = result["summary"]
+    print(
+        f"{result['policy']} on {result['embodiment']}/{args.task}, first observation of {args.episodes} episodes:"
+    )
+    for key in ("spread_ratio", "image_sensitivity", "instruction_sensitivity", "state_response"):
+        print(f"  {key:<24} {'n/a' if s[key] is None else f'{s[key]:.3f}'}")
+    print(
+        f"  first-chunk error {s['first_chunk_error']:.4f} (the expert moves {s['expert_motion']:.4f} over the chunk)"
+    )
+    for line in result["verdict"]:
+        print(f"  -> {line}")
+    if args.out:
+        print(f"-> {write_probe(result, args.out)}")
+    return 0
+
+
 def cmd_eval_report(args: argparse.Namespace) -> int:
     from vla.eval.report import build_report
 
@@ -230,6 +252,28 @@ def add_eval_parser(sub: Any) -> None:
     s.add_argument("--use-record", action="store_true",
                    help="replay with the episodes' randomization records (default: the nominal world is fitted)")  # fmt: skip
     s.set_defaults(fn=cmd_eval_sysid)
+
+    s = ev.add_parser(
+        "probe",
+        help="does a checkpoint use the camera and the instruction, or copy its state? (first chunks)",
+    )
+    s.add_argument("policy", help="checkpoint (step folder, run folder or export)")
+    s.add_argument("--embodiment", required=True, help="sim robot: panda, widowx, ur5e, kinova_gen3, ...")
+    s.add_argument("--task", required=True, help="reach, pick_place, push, stack or drawer")
+    s.add_argument(
+        "--episodes", type=int, default=20, help="episodes whose first observation is probed (>= 2)"
+    )
+    s.add_argument(
+        "--seed", type=int, default=0, help="episode i starts from seed (seed, i), as in `vla eval sim`"
+    )
+    s.add_argument("--image-size", type=int, default=128, help="rendered camera size (px)")
+    s.add_argument("--randomization", default="low", help="level or preset YAML, as in `vla eval sim`")
+    s.add_argument("--samples", type=int, default=4, help="noise draws averaged per chunk")
+    s.add_argument("--shift", type=float, default=0.05, help="added to every joint of the state (rad)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    s.add_argument("--out", default=None, help="probe.json")
+    s.set_defaults(fn=cmd_eval_probe)
 
     s = ev.add_parser("report", help="one self-contained offline HTML page over eval outputs")
     s.add_argument("runs", nargs="+", help="sim/sweep run folders, gap folders, replay .json files")
