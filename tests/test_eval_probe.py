@@ -35,7 +35,7 @@ def test_a_policy_that_looks_passes_and_a_copycat_is_named() -> None:
     s = summarize(looks)
     assert s["spread_ratio"] == pytest.approx(1.0) and s["image_sensitivity"] == pytest.approx(1.0)
     assert s["instruction_sensitivity"] == pytest.approx(1.0) and s["state_response"] == pytest.approx(0.1)
-    assert s["first_chunk_error"] == pytest.approx(0.01)
+    assert s["first_chunk_error"] == pytest.approx(0.01) and s["error_vs_mean_motion"] < 0.2
     assert verdict(s) == ["no shortcut found at the first observation"]
     # Copies its state: one mean motion whatever the scene or instruction, moved one for one by the state.
     mean = np.broadcast_to(expert.mean(0), expert.shape)
@@ -44,9 +44,10 @@ def test_a_policy_that_looks_passes_and_a_copycat_is_named() -> None:
     s = summarize(copycat)
     assert s["spread_ratio"] == pytest.approx(0.0, abs=1e-9) and s["image_sensitivity"] == 0.0
     assert s["instruction_sensitivity"] == 0.0 and s["state_response"] == pytest.approx(1.0)
+    assert s["error_vs_mean_motion"] == pytest.approx(1.0)  # it is the average motion
     said = " | ".join(verdict(s))
     for words in ("one motion for every target", "does not use the camera", "does not follow the instruction",
-                  "copies its proprioception"):  # fmt: skip
+                  "copies its proprioception", "has not found the target"):  # fmt: skip
         assert words in said, said
     # undefined rather than made up: one episode, or no pair of episodes with different instructions
     one = ProbeInputs(*(a[:1] for a in (mean, expert, mean, mean, mean)), 0.05, differs[:1])
@@ -75,7 +76,8 @@ def test_probe_command_on_a_checkpoint(tiny_checkpoint: Path, tmp_path: Path, ca
     res = json.loads(out.read_text())
     assert res["embodiment"] == "sim_widowx" and res["episodes"] == 3 and len(res["episodes_detail"]) == 3
     s = res["summary"]
-    assert all(np.isfinite(s[k]) for k in ("spread_ratio", "image_sensitivity", "state_response"))
+    assert all(np.isfinite(s[k]) for k in ("spread_ratio", "image_sensitivity", "state_response",
+                                           "error_vs_mean_motion"))  # fmt: skip
     assert s["expert_motion"] > 0  # the expert's first chunk moves the arm
     assert res["verdict"] and "spread_ratio" in capsys.readouterr().out
     assert main(args) == 0 and json.loads(out.read_text())["summary"] == s  # deterministic (seeded noise)

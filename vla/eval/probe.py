@@ -18,7 +18,10 @@ arm's joint dims (robot units), episode ``i`` paired with episode ``i + 1``:
   matter? (Counted over pairs whose instructions differ.)
 * ``state_response``: mean ``|chunk(state + shift on every joint) - chunk|`` over ``shift``. ~1: the chunk moves
   one for one with the proprioception (copying it); a policy that aims at the target corrects towards it, below 1.
-* ``first_chunk_error``: mean ``|chunk - expert|`` (robot units), next to the expert's own motion over the chunk.
+* ``first_chunk_error``: mean ``|chunk - expert|`` (robot units), next to the expert's own motion over the chunk;
+  ``error_vs_mean_motion``: that error over the error of playing the expert's average first chunk in every episode.
+  A policy that found the target is well below 1; at or above 1 its chunk is no better than the average motion,
+  however much it reacts to the inputs (the sensitivities measure how much it reacts, not whether correctly).
 
     vla eval probe runs/pretrain --embodiment panda --task reach --episodes 20 --out runs/probe.json
 """
@@ -58,7 +61,7 @@ def summarize(x: ProbeInputs) -> dict[str, float | None]:
     n = len(x.pred)
     if n < 2:
         return {k: None for k in ("spread_ratio", "image_sensitivity", "instruction_sensitivity", "state_response",
-                                  "first_chunk_error", "expert_motion")}  # fmt: skip
+                                  "first_chunk_error", "error_vs_mean_motion", "expert_motion")}  # fmt: skip
     nxt = np.roll(np.arange(n), -1)
     expert_change = float(np.abs(x.expert[nxt] - x.expert).mean())
     expert_spread = float(x.expert.std(0).mean())
@@ -70,6 +73,8 @@ def summarize(x: ProbeInputs) -> dict[str, float | None]:
         instr = (
             float(np.abs(x.instruction_swap[differs] - x.pred[differs]).mean()) / change if change else None
         )
+    error = float(np.abs(x.pred - x.expert).mean())
+    mean_motion_error = float(np.abs(x.expert - x.expert.mean(0)).mean())
     return {
         "spread_ratio": spread,
         "image_sensitivity": float(np.abs(x.image_swap - x.pred).mean()) / expert_change
@@ -77,7 +82,8 @@ def summarize(x: ProbeInputs) -> dict[str, float | None]:
         else None,
         "instruction_sensitivity": instr,
         "state_response": float(np.abs(x.state_shift - x.pred).mean()) / x.shift,
-        "first_chunk_error": float(np.abs(x.pred - x.expert).mean()),
+        "first_chunk_error": error,
+        "error_vs_mean_motion": error / mean_motion_error if mean_motion_error > 0 else None,
         "expert_motion": float(np.abs(x.expert[:, -1] - x.expert[:, 0]).mean()),
     }
 
@@ -97,6 +103,9 @@ def verdict(s: dict[str, float | None]) -> list[str]:
     if s["state_response"] is not None and s["state_response"] > 0.75:
         out.append(f"the chunk follows the state one for one (state response {s['state_response']:.2f} > 0.75): "
                    "the policy copies its proprioception forward")  # fmt: skip
+    if s["error_vs_mean_motion"] is not None and s["error_vs_mean_motion"] > 0.8:
+        out.append(f"the first chunk is hardly closer to the expert's than the average motion is (error ratio "
+                   f"{s['error_vs_mean_motion']:.2f} > 0.8): the policy has not found the target")  # fmt: skip
     return out or ["no shortcut found at the first observation"]
 
 
