@@ -7,8 +7,8 @@ Per training seed (``--seeds``, default 3), with the real commands (``vla.demo.D
    by colour among distractors) for the three pretraining robots (shared by every seed) and a few for the unseen
    Kinova Gen3 (drawn anew per seed: a different small dataset is part of what a seed varies);
 2. ``vla train`` cross-embodiment pretraining (``train.seed`` = the seed);
-3. ``vla finetune`` (LoRA) on the Kinova demonstrations from (a) the pretrained model and (b) a freshly initialised
-   one, same data, steps and seed;
+3. ``vla finetune`` (LoRA by default, ``--finetune-preset``) on the Kinova demonstrations from (a) the pretrained
+   model and (b) a freshly initialised one, same data, steps, preset and seed;
 4. ``vla eval sim`` of (a), (b), the scripted expert and a random policy, under the training randomization and under
    the held-out ``reality_proxy`` preset, every policy on the same initial states (paired). Each seed evaluates its
    own block of episode seeds, so the pooled episodes cover ``seeds x episodes`` distinct initial states.
@@ -24,7 +24,8 @@ never sees evaluation seeds, so the reported run may evaluate the validation run
 same seeds again: ``--training-from runs/transfer_study/validation`` runs stage 4 only, into ``reported/``.
 
     .venv/bin/python scripts/transfer_study.py [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
-        [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--validation]
+        [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--finetune-preset P]
+        [--finetune-lr LR] [--validation]
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class SeedRun(Demo):
             self.stage(2, f"seed {self.seed}: cross-embodiment pretraining", self.pretrain)
             self.stage(
                 3,
-                f"seed {self.seed}: LoRA on {NEW_ROBOT} from the pretrained and a fresh model",
+                f"seed {self.seed}: {self.sizes.finetune_preset} on {NEW_ROBOT} from the pretrained and a fresh model",
                 self.finetune,
             )
         self.stage(4, f"seed {self.seed}: closed-loop evaluation", self.evaluate)
@@ -302,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--execute-steps", type=int, default=d.execute_steps,
                     help="actions the learned policies run per chunk (default: the whole chunk)")  # fmt: skip
+    ap.add_argument("--finetune-preset", default=d.finetune_preset,
+                    help="vla finetune --preset of both fine-tuning runs (e.g. finetune_full)")  # fmt: skip
+    ap.add_argument("--finetune-lr", type=float, default=d.finetune_lr,
+                    help="optim.lr of both fine-tuning runs (default: the preset's)")  # fmt: skip
     ap.add_argument(
         "--validation", action="store_true", help="evaluate on the tuning seeds, not the reported ones"
     )
@@ -338,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             image_size=args.image_size,
             randomization=args.randomization,
             execute_steps=args.execute_steps,
+            finetune_preset=args.finetune_preset,
+            finetune_lr=args.finetune_lr,
             seeds=args.seeds,
             train_seed=seed,
             new_robot_seed=1000 + 100 * seed,
@@ -366,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
             "task": TASK,
             "levels": list(levels),
             "first_eval_seed": first_eval_seed,
-            "finetune_preset": "finetune_lora",
             "training_from": str(args.training_from) if args.training_from else None,
         },
         **summary,
@@ -374,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     title = (f"{NEW_ROBOT} {TASK}: {args.seeds} seeds x {args.eval_episodes} episodes, pretrain "
-             f"{args.pretrain_steps} steps, LoRA {args.finetune_steps} steps on {args.new_robot_episodes} demos")  # fmt: skip
+             f"{args.pretrain_steps} steps, {args.finetune_preset} {args.finetune_steps} steps on {args.new_robot_episodes} demos")  # fmt: skip
     plot(summary, levels, out.with_suffix(".png"), title)
 
     print(f"\n{'arm':<28}" + "".join(f"{lvl:>30}" for lvl in levels))

@@ -157,3 +157,27 @@ def test_training_from_evaluates_the_kept_models_into_its_own_folder(tmp_path: P
     assert outs == {str(reported / "seed_0" / "eval" / f"{a}_{lvl}") for a in study.ARMS
                     for lvl in ("low", "reality_proxy")}  # fmt: skip
     assert all(c[c.index("--seed") + 1] == "10000" for c in calls)
+
+
+def test_both_fine_tunes_get_the_same_preset_and_learning_rate(tmp_path: Path) -> None:
+    """``--finetune-preset``/``--finetune-lr`` (a tuning lever: e.g. full fine-tuning instead of LoRA) reach both
+    ``vla finetune`` runs alike, so the pretrained and the fresh arm stay one recipe; by default LoRA at the
+    preset's rate."""
+    study = _study()
+    for sizes, preset, lr in ((study.StudySizes(), "finetune_lora", None),
+                              (study.StudySizes(finetune_preset="finetune_full", finetune_lr=1e-4), "finetune_full",
+                               "0.0001")):  # fmt: skip
+        run = study.SeedRun(tmp_path / preset, 0, sizes)
+        (run.root / "fresh_init").mkdir(parents=True)
+        (run.root / "fresh_init" / "config.json").write_text(
+            "{}"
+        )  # a fresh model exists: no `vla model init`
+        calls: list[list[str]] = []
+        run.vla = lambda *args, calls=calls: calls.append([str(a) for a in args])
+        run.finetune()
+        tunes = [c for c in calls if c[0] == "finetune"]
+        assert [c[1] for c in tunes] == [str(run.root / "pretrain"), str(run.root / "fresh_init")]
+        for c in tunes:
+            assert c[c.index("--preset") + 1] == preset
+            sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
+            assert [s for s in sets if s.startswith("optim.lr=")] == ([f"optim.lr={lr}"] if lr else []), sets

@@ -54,6 +54,8 @@ class DemoSizes:
     new_robot_seed: int = 1000  # generation seed of the unseen robot's demonstrations (pretraining data: 0)
     eval_seed: int = 7  # first episode seed of every evaluation (same for every policy: paired)
     execute_steps: int | None = None  # actions the learned policies run per chunk (None: the whole chunk)
+    finetune_preset: str = "finetune_lora"  # `vla finetune --preset` of both fine-tuning runs
+    finetune_lr: float | None = None  # optim.lr of both fine-tuning runs (None: the preset's)
 
 
 QUICK = DemoSizes(
@@ -166,12 +168,15 @@ class Demo:
         if not (fresh / "config.json").is_file():
             robots = [a for r in PRETRAIN_ROBOTS for a in ("--embodiment", f"sim_{r}")]
             self.vla("model", "init", "tiny_smolvlm", "--out", fresh, *robots, "--overwrite")
-        sets = self.common_sets(self.sizes.finetune_steps)
+        s = self.sizes
+        sets = self.common_sets(s.finetune_steps)
+        if s.finetune_lr is not None:
+            sets += ["--set", f"optim.lr={s.finetune_lr}"]
         data = ["--set", f"data.datasets=[{self.dataset(NEW_ROBOT).resolve()}]"]
         for name, init in (("pretrained", self.root / "pretrain"), ("fresh", fresh)):
             run = self.root / f"finetune_{name}"
             self.vla("finetune", init, "--embodiment", f"sim_{NEW_ROBOT}", "--run-dir", run,
-                     "--preset", "finetune_lora", *data, *sets, "--set", "optim.warmup_steps=10")  # fmt: skip
+                     "--preset", s.finetune_preset, *data, *sets, "--set", "optim.warmup_steps=10")  # fmt: skip
             self.vla("export", run, "--merge", "--out", self.root / f"export_{name}", "--overwrite")
 
     # ---- 4. evaluation ---------------------------------------------------------------------------------------
