@@ -290,10 +290,35 @@ def test_the_model_loads_and_runs_on_one_thread() -> None:
         return policy.infer_batch(obs, seeds=seeds)
 
     batcher = MicroBatcher(infer_batch, max_batch=2, window_s=0.0, model_thread=model_thread)
+    with pytest.raises(RuntimeError, match="micro-batcher's loop until it is closed"):
+        model_thread.call(threading.get_ident)  # the loop holds the thread: a call would wait forever
     (obs,) = synthetic_observations(policy, 1)
     result = asyncio.run(batcher.submit(obs, 0))
     batcher.close(timeout=30)
     assert ran_on == [loaded_on] and result.chunk.actions.shape[0] > 0
+    assert model_thread.call(threading.get_ident) == loaded_on  # free again once the batcher is closed
+    model_thread.close()
+    model_thread._thread.join(timeout=30)
+    assert not model_thread._thread.is_alive()
+
+
+def test_a_dead_batcher_loop_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """If the batcher's loop itself fails (not a request: those get their error), every later request would wait
+    forever; the failure is logged as an error instead of vanishing into a future nobody reads."""
+    import logging
+
+    from vla.serving.batching import MicroBatcher
+
+    def broken() -> bool:
+        raise RuntimeError("expect_more broke")
+
+    batcher = MicroBatcher(lambda obs, seeds: [], max_batch=2, window_s=1.0, expect_more=broken)
+    with caplog.at_level(logging.ERROR, logger="vla.serving.batching"):
+        batcher._queue.put(object())  # any job makes the loop ask expect_more()
+        batcher.close(timeout=30)
+        batcher.model_thread._thread.join(timeout=30)  # the done-callback runs on that thread, before it ends
+    assert not batcher.model_thread._thread.is_alive()  # the batcher made that thread, and closing it ends it
+    assert "loop died" in caplog.text and "expect_more broke" in caplog.text
 
 
 def test_micro_batcher_batches_concurrent_requests_and_isolates_a_failing_one() -> None:

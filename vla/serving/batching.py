@@ -38,23 +38,27 @@ T = TypeVar("T")
 
 class ModelThread:
     """One long-lived daemon thread for all model work: ``call(fn, ...)`` runs ``fn`` there and returns its result
-    (or raises its exception); ``MicroBatcher`` runs its loop there too. Why one thread: see the module docstring."""
+    (or raises its exception); ``MicroBatcher`` runs its loop there too, which occupies the thread until the
+    batcher is closed (a ``call`` meanwhile is refused: it would wait forever). ``close()`` ends the thread after
+    what is queued. Why one thread: see the module docstring."""
 
     def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future]] = (
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future] | None] = (
             queue.SimpleQueue()
         )
+        self.occupied_by: str | None = None  # a loop that holds the thread until it returns
         self._thread = threading.Thread(target=self._work, name="vla-serve-model", daemon=True)
         self._thread.start()
 
     def _work(self) -> None:
-        while True:
-            fn, future = self._tasks.get()
+        while (task := self._tasks.get()) is not None:
+            fn, future = task
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn())
                 except BaseException as e:  # handed to the caller, who raises it
                     future.set_exception(e)
+            del task, fn, future  # hold nothing (a closed batcher's policy) while waiting for the next task
 
     def submit(self, fn: Callable[..., T], *args, **kwargs) -> concurrent.futures.Future[T]:
         """Queue ``fn(*args, **kwargs)`` on the thread (after what is queued or running there) and return its
@@ -64,7 +68,17 @@ class ModelThread:
         return future
 
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("ModelThread.call from the model thread itself would wait for itself forever")
+        if self.occupied_by is not None:
+            raise RuntimeError(
+                f"the model thread runs {self.occupied_by} until it is closed; a call now would wait forever"
+            )
         return self.submit(fn, *args, **kwargs).result()
+
+    def close(self) -> None:
+        """End the thread once what is queued has run (idempotent)."""
+        self._tasks.put(None)
 
 
 class OverloadedError(RuntimeError):
@@ -116,8 +130,11 @@ class MicroBatcher:
         self.expect_more = expect_more or (lambda: True)
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._busy = 0  # requests taken off the queue and not yet answered (read by the drain on shutdown)
+        self._owns_thread = model_thread is None
         self.model_thread = model_thread or ModelThread()
+        self.model_thread.occupied_by = "the micro-batcher's loop"
         self._loop_done = self.model_thread.submit(self._run)
+        self._loop_done.add_done_callback(self._loop_ended)
 
     @property
     def pending(self) -> int:
@@ -136,9 +153,16 @@ class MicroBatcher:
         return await job.future
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish what is queued, then stop the model thread."""
+        """Finish what is queued, then stop the loop (and the model thread, when the batcher made it)."""
         self._queue.put(None)
         concurrent.futures.wait([self._loop_done], timeout)
+        if self._owns_thread:
+            self.model_thread.close()
+
+    def _loop_ended(self, done: concurrent.futures.Future[None]) -> None:
+        self.model_thread.occupied_by = None
+        if (error := done.exception()) is not None:  # requests would wait forever: say so loudly
+            log.error("the micro-batcher's loop died; no request will be answered", exc_info=error)
 
     # ---- model thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
