@@ -286,6 +286,19 @@ def _commit() -> str | None:
     return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def _finetune_recipe(run: Path) -> dict[str, Any] | None:
+    """``finetune.mode``, ``finetune.lora`` and ``optim.lr`` of a fine-tuning run (its ``config.yaml``), or None
+    when the run folder has no config."""
+    import yaml
+
+    cfg_file = run / "config.yaml"
+    if not cfg_file.is_file():
+        return None
+    cfg = yaml.safe_load(cfg_file.read_text())
+    ft = cfg.get("finetune") or {}
+    return {"mode": ft.get("mode"), "lora": ft.get("lora"), "lr": (cfg.get("optim") or {}).get("lr")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = StudySizes()
@@ -373,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
             "task": TASK,
             "levels": list(levels),
             "first_eval_seed": first_eval_seed,
+            # what the evaluated fine-tunes were trained with, read from their runs (with --training-from the
+            # flags above may differ from the kept models' recipe)
+            "finetune_used": [_finetune_recipe(r.root / "finetune_pretrained") for r in runs],
             "training_from": str(args.training_from) if args.training_from else None,
         },
         **summary,

@@ -181,3 +181,14 @@ def test_both_fine_tunes_get_the_same_preset_and_learning_rate(tmp_path: Path) -
             assert c[c.index("--preset") + 1] == preset
             sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
             assert [s for s in sets if s.startswith("optim.lr=")] == ([f"optim.lr={lr}"] if lr else []), sets
+
+
+def test_the_result_records_the_recipe_the_evaluated_fine_tunes_were_trained_with(tmp_path: Path) -> None:
+    """With ``--training-from`` the command line's fine-tuning flags need not be the kept models' recipe: the study
+    reads it from each run's ``config.yaml``."""
+    study = _study()
+    run = tmp_path / "finetune_pretrained"
+    assert study._finetune_recipe(run) is None  # no run there
+    run.mkdir()
+    (run / "config.yaml").write_text("optim:\n  lr: 3.0e-05\nfinetune:\n  mode: full\n  lora: null\n")
+    assert study._finetune_recipe(run) == {"mode": "full", "lora": None, "lr": 3e-05}
