@@ -147,11 +147,10 @@ def main() -> None:
     for log in sorted((work / "logs").glob("policy_server_*.log")):
         for m in re.finditer(r"Observation (\d+) \| Total time: ([\d.]+)ms", log.read_text()):
             served[int(m.group(1))] = float(m.group(2))
-    paired = [(e2e[i - warmup] - served[i]) for i in range(warmup, warmup + n) if i in served]
-    if paired:
-        result["server_compute_ms"] = percentiles(
-            [served[i] for i in range(warmup, warmup + n) if i in served], suffix=""
-        )
+    logged = [i for i in range(warmup, warmup + n) if i in served]  # measured requests the server logged
+    if logged:
+        result["server_compute_ms"] = percentiles([served[i] for i in logged], suffix="")
+        paired = [e2e[i - warmup] - served[i] for i in logged]
         result["overhead_per_request_ms"] = percentiles(paired, suffix="") | {
             "definition": "end-to-end minus the server's own logged compute time of the same request"
         }

@@ -46,3 +46,18 @@ def bridge_fixture() -> Path:
             f"shared RLDS fixture not found at {BRIDGE_FIXTURE} (only present in the team's workspace)"
         )
     return BRIDGE_FIXTURE
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny checkpoint for sim_widowx with stats from 2 generated expert episodes."""
+    from vla.cli import main
+
+    root = tmp_path_factory.mktemp("eval_ckpt")
+    ds, ckpt = root / "ds", root / "ckpt"
+    assert main(["sim", "generate", "--embodiment", "widowx", "--task", "reach", "--episodes", "2",
+                 "--image-size", "32", "--out", str(ds)]) == 0  # fmt: skip
+    assert main(["data", "stats", str(ds)]) == 0
+    assert main(["model", "init", "tiny_smolvlm", "--out", str(ckpt), "--embodiment", "sim_widowx",
+                 "--stats-from", str(ds), "--set", "flow.num_steps=2"]) == 0  # fmt: skip
+    return ckpt

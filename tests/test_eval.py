@@ -177,19 +177,6 @@ def test_expert_reaches_its_success_rate_and_random_does_not(
     assert kin["episodes"] == 1 and kin["episodes_detail"][0]["steps"] == 3
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An untrained tiny checkpoint for sim_widowx with stats from 2 generated expert episodes."""
-    root = tmp_path_factory.mktemp("eval_ckpt")
-    ds, ckpt = root / "ds", root / "ckpt"
-    assert main(["sim", "generate", "--embodiment", "widowx", "--task", "reach", "--episodes", "2",
-                 "--image-size", "32", "--out", str(ds)]) == 0  # fmt: skip
-    assert main(["data", "stats", str(ds)]) == 0
-    assert main(["model", "init", "tiny_smolvlm", "--out", str(ckpt), "--embodiment", "sim_widowx",
-                 "--stats-from", str(ds), "--set", "flow.num_steps=2"]) == 0  # fmt: skip
-    return ckpt
-
-
 def test_checkpoint_through_the_policy_is_deterministic(tiny_checkpoint: Path, tmp_path: Path) -> None:
     kw = {"policy": str(tiny_checkpoint), "embodiment": "widowx", "task": "reach", "episodes": 2, "image_size": 32,
           "max_steps": 10, "execute_steps": 4, "video_every": 1}  # fmt: skip

@@ -56,18 +56,6 @@ def test_a_policy_that_looks_passes_and_a_copycat_is_named() -> None:
     assert summarize(same)["instruction_sensitivity"] is None
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("probe_ckpt")
-    ds, ckpt = root / "ds", root / "ckpt"
-    assert main(["sim", "generate", "--embodiment", "widowx", "--task", "reach", "--episodes", "2",
-                 "--image-size", "32", "--out", str(ds)]) == 0  # fmt: skip
-    assert main(["data", "stats", str(ds)]) == 0
-    assert main(["model", "init", "tiny_smolvlm", "--out", str(ckpt), "--embodiment", "sim_widowx",
-                 "--stats-from", str(ds), "--set", "flow.num_steps=2"]) == 0  # fmt: skip
-    return ckpt
-
-
 def test_probe_command_on_a_checkpoint(tiny_checkpoint: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "probe.json"
     args = ["eval", "probe", str(tiny_checkpoint), "--embodiment", "widowx", "--task", "reach", "--episodes", "3",

@@ -126,6 +126,7 @@ def probe(policy: str | Path, embodiment: str, task: str, *, episodes: int = 20,
     env = make(embodiment, task, randomization=randomization, image_size=image_size)
     try:
         cp = CheckpointPolicy(policy, env.embodiment_spec.name, device=device, dtype=dtype)
+        horizon = int(cp.policy.metadata()["embodiments"][env.embodiment_spec.name]["chunk_length"])
         firsts: list[tuple[Observation, np.ndarray]] = []
         for i in range(episodes):
             s = episode_seed(seed, i)
@@ -133,7 +134,6 @@ def probe(policy: str | Path, embodiment: str, task: str, *, episodes: int = 20,
             cp.reset(env, s)
             cp.observe(obs)
             o = cp.observation(obs, env)
-            horizon = len(cp.policy.infer(o, seed=0).actions)
             expert = []
             for _ in range(horizon):
                 a = env.expert_action()
