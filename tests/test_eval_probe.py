@@ -67,7 +67,9 @@ def test_probe_command_on_a_checkpoint(tiny_checkpoint: Path, tmp_path: Path, ca
     assert all(np.isfinite(s[k]) for k in ("spread_ratio", "image_sensitivity", "state_response",
                                            "error_vs_mean_motion"))  # fmt: skip
     assert s["expert_motion"] > 0  # the expert's first chunk moves the arm
-    assert res["verdict"] and "spread_ratio" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert res["verdict"] and "spread_ratio" in printed
+    assert f"{s['error_vs_mean_motion']:.2f} x the error of the expert's average motion" in printed
     assert main(args) == 0 and json.loads(out.read_text())["summary"] == s  # deterministic (seeded noise)
     # the probe compares episodes: one is refused with the reason
     assert main([*args[:8], "1", *args[9:]]) != 0

@@ -1,6 +1,7 @@
 """``vla eval``: closed-loop success (``sim``), robustness per randomization axis (``sweep``), sim-vs-reference
 agreement (``gap``), replay error against logs (``replay``), system identification (``sysid``), whether a
-checkpoint looks or copies its state (``probe``) and the HTML ``report``. Registered on the ``vla`` parser by ``add_eval_parser``; every sub-command imports its module lazily.
+checkpoint looks or copies its state (``probe``) and the HTML ``report``. Registered on the ``vla`` parser by
+``add_eval_parser``; every sub-command imports its module lazily.
 """
 
 from __future__ import annotations
@@ -165,9 +166,8 @@ def cmd_eval_probe(args: argparse.Namespace) -> int:
     )
     for key in ("spread_ratio", "image_sensitivity", "instruction_sensitivity", "state_response"):
         print(f"  {key:<24} {'n/a' if s[key] is None else f'{s[key]:.3f}'}")
-    print(
-        f"  first-chunk error {s['first_chunk_error']:.4f} (the expert moves {s['expert_motion']:.4f} over the chunk)"
-    )
+    print(f"  first-chunk error {s['first_chunk_error']:.4f} (the expert moves {s['expert_motion']:.4f} over the "
+          f"chunk); {s['error_vs_mean_motion']:.2f} x the error of the expert's average motion")  # fmt: skip
     for line in result["verdict"]:
         print(f"  -> {line}")
     if args.out:
