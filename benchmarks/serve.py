@@ -104,12 +104,12 @@ def in_process(ckpt: Path, dtype: str, compile: bool, n: int) -> dict:
 
 class Server:
     def __init__(
-        self, ckpt: Path, max_batch: int, dtype: str, compile: bool, window_ms: float | None = None
+        self, ckpt: Path, max_batch: int, dtype: str, compile: bool, window_ms: str | None = None
     ) -> None:
         cmd = [sys.executable, "-m", "vla.cli", "serve", str(ckpt), "--port", "0", "--max-batch", str(max_batch),
                "--dtype", dtype, "--compile" if compile else "--no-compile"]  # fmt: skip
         if window_ms is not None:
-            cmd += ["--batch-window-ms", str(window_ms)]
+            cmd += ["--batch-window-ms", window_ms]
         self.log = Path(tempfile.mkdtemp()) / "serve.log"
         with open(self.log, "w") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
@@ -191,8 +191,8 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--batch-window-ms", type=float, default=None,
-                    help="vla serve --batch-window-ms of both servers (default: the server's)")  # fmt: skip
+    ap.add_argument("--batch-window-ms", default=None, metavar="MS|auto",
+                    help="vla serve --batch-window-ms of both servers (default: the server's, auto)")  # fmt: skip
     ap.add_argument("--out", default="")
     ap.add_argument("--skip-peer", action="store_true", help="skip LeRobot's gRPC policy server")
     args = ap.parse_args()
@@ -215,7 +215,7 @@ def main() -> None:
                 "flow_steps": 10,
                 "dtype": args.dtype,
                 "compile": args.compile,
-                "batch_window_ms": args.batch_window_ms,
+                "batch_window_ms": args.batch_window_ms or "auto (the server's default)",
                 "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
             },
             "in_process": in_process(ckpt, args.dtype, args.compile, args.requests),

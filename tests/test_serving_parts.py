@@ -387,6 +387,60 @@ def test_micro_batcher_batches_concurrent_requests_and_isolates_a_failing_one() 
             np.testing.assert_allclose(r.chunk.actions, before.chunk.actions, atol=1e-5)
 
 
+def test_adaptive_batch_window_is_a_tenth_of_the_measured_forward_pass() -> None:
+    """``--batch-window-ms auto``: the window follows a moving average of the batches' forward time (seeded by the
+    warm-up measurement), a tenth of it, at most 50 ms; a request arriving inside it joins the batch; the window
+    is exported as a metric."""
+    from vla.serving.batching import AUTO_WINDOW_MAX_S, MicroBatcher
+    from vla.serving.metrics import ServerMetrics
+
+    pass_s = 0.2
+    sizes: list[int] = []
+
+    def infer_batch(obs: Any, seeds: Any) -> Any:
+        sizes.append(len(obs))
+        time.sleep(pass_s)
+        return [RuntimeError(f"sample {o}") for o in obs]
+
+    metrics = ServerMetrics(8)
+    batcher = MicroBatcher(infer_batch, max_batch=8, window_s=None, forward_s=0.3, metrics=metrics)
+    assert batcher.adaptive and batcher.window_s == pytest.approx(0.03)
+    fixed = MicroBatcher(infer_batch, max_batch=8, window_s=0.002, forward_s=0.3)
+    assert not fixed.adaptive and fixed.window_s == 0.002
+    fixed.close(timeout=5)
+
+    async def two_requests(gap_s: float) -> list[Any]:
+        first = asyncio.ensure_future(batcher.submit("a", 0))  # type: ignore[arg-type]
+        await asyncio.sleep(gap_s)
+        second = asyncio.ensure_future(batcher.submit("b", 1))  # type: ignore[arg-type]
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    # 5 ms apart: inside the 30 ms window, so one batch of two
+    assert [str(e) for e in asyncio.run(two_requests(0.005))] == ["sample a", "sample b"]
+    assert sizes == [2]
+    forward = batcher.forward_s
+    assert forward is not None and pass_s <= forward < 0.3  # 0.2 * measured + 0.8 * 0.3
+    assert batcher.window_s == pytest.approx(0.1 * forward)
+    assert f"vla_serve_batch_window_seconds {batcher.window_s}" in metrics.render().decode()
+    # a slow model's window stays at the cap
+    batcher.forward_s = 10.0
+    assert batcher.window_s == AUTO_WINDOW_MAX_S
+    batcher.close(timeout=5)
+    with pytest.raises(ValueError, match="'auto'"):
+        MicroBatcher(infer_batch, max_batch=8, window_s=-1.0)
+
+
+def test_batch_window_flag_takes_milliseconds_or_auto() -> None:
+    import argparse
+
+    from vla.serving.serve import _window_ms
+
+    assert _window_ms("auto") is None and _window_ms(" AUTO ") is None and _window_ms("20") == 20.0
+    for bad in ("-1", "nan", "fast"):
+        with pytest.raises(argparse.ArgumentTypeError, match="auto"):
+            _window_ms(bad)
+
+
 def test_select_mode_times_candidates_and_keeps_an_accurate_one() -> None:
     from vla.serving.modes import REFERENCE, Mode, candidates, select_mode
 

@@ -60,6 +60,9 @@ class ServerMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("vla_serve_queue_depth", "Requests waiting for the model", registry=r)
+        self.batch_window = Gauge(
+            "vla_serve_batch_window_seconds", "Wait for more requests the next batch gets", registry=r
+        )
         self.connections = Gauge("vla_serve_connections", "Open WebSocket connections", registry=r)
         self.in_flight = Gauge("vla_serve_in_flight", "Requests accepted and not yet answered", registry=r)
         for kind in ERROR_KINDS:  # every kind shows up (at 0) from the start

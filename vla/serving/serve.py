@@ -43,7 +43,12 @@ def add_serve_parser(sub: Any) -> None:
     )
     s.add_argument("--max-batch", type=int, default=8, help="most requests run in one forward pass")
     s.add_argument(
-        "--batch-window-ms", type=float, default=2.0, help="longest wait for more requests after the first"
+        "--batch-window-ms",
+        type=_window_ms,
+        default=None,
+        metavar="MS|auto",
+        help="longest wait for more requests after the first (default auto: a tenth of the measured forward pass, "
+        "at most 50 ms)",
     )
     s.add_argument(
         "--dtype",
@@ -66,6 +71,19 @@ def add_serve_parser(sub: Any) -> None:
     s.set_defaults(fn=cmd_serve)
 
 
+def _window_ms(text: str) -> float | None:
+    """``--batch-window-ms``: milliseconds (>= 0), or ``auto`` (None: adaptive)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds or 'auto', got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0 (or 'auto'), got {text}")
+    return value
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     for flag, value, low in (
         ("--max-batch", args.max_batch, 1),
@@ -77,8 +95,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
     if not 0 < args.max_frame_mb <= 1024:
         raise ValueError(f"--max-frame-mb must be in (0, 1024] (never unlimited), got {args.max_frame_mb}")
-    if args.batch_window_ms < 0:
-        raise ValueError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
 
@@ -127,6 +143,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options,
         serving_mode={"mode": str(mode), "trials": [t.to_dict() for t in trials]},
         model_thread=model_thread,
+        # the kept mode's measured batch-1 pass sizes the adaptive batch window until real batches have run
+        forward_s=next((t.seconds_per_chunk.get(1) for t in trials if t.mode == mode), None),
     )
 
     def ready(url: str) -> None:

@@ -58,7 +58,7 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None
     max_batch: int = 8
-    batch_window_ms: float = 2.0
+    batch_window_ms: float | None = None  # None: adaptive (vla.serving.batching)
     max_connections: int = 64
     limits: Limits = field(default_factory=Limits)
     drain_s: float = 30.0
@@ -95,20 +95,23 @@ class ServingApp:
         *,
         serving_mode: dict[str, Any] | None = None,
         model_thread: ModelThread | None = None,
+        forward_s: float | None = None,
     ) -> None:
         """``model_thread``: the thread ``policy`` was loaded and warmed up on, which then runs every batch
-        (``vla.serving.batching.ModelThread``); by default a new one."""
+        (``vla.serving.batching.ModelThread``); by default a new one. ``forward_s``: the measured seconds of one
+        forward pass, which sizes the adaptive batch window before the first batch has run."""
         self.policy, self.options = policy, options
         self.metrics = ServerMetrics(options.max_batch)
         self.batcher = MicroBatcher(
             lambda obs, seeds: policy.infer_batch(obs, seeds=seeds, return_exceptions=True),
             max_batch=options.max_batch,
-            window_s=options.batch_window_ms / 1000,
+            window_s=None if options.batch_window_ms is None else options.batch_window_ms / 1000,
             metrics=self.metrics,
             max_queue=max(64, 4 * options.max_connections),
             # A WebSocket client has at most one request in flight; REST callers are unknown, so wait for them.
             expect_more=lambda: self.in_flight < self.connections or self.rest_active > 0,
             model_thread=model_thread,
+            forward_s=forward_s,
         )
         self.default = policy.embodiments[0] if len(policy.embodiments) == 1 else None
         self.metadata = self._metadata(serving_mode or {})
@@ -138,6 +141,8 @@ class ServingApp:
             "default_embodiment": self.default,
             "max_frame_bytes": self.options.limits.max_frame_bytes,
             "serving_mode": serving_mode,
+            "max_batch": self.options.max_batch,
+            "batch_window_ms": "auto" if self.batcher.adaptive else self.options.batch_window_ms,
         }
 
     # ---- one request, shared by both transports ---------------------------------------------------------------
