@@ -93,15 +93,24 @@ def _model(r: dict) -> list[Row]:
 
 
 def _train(r: dict) -> list[Row]:
-    ours = _get(r, "ours", "fp32", "samples_per_s")
-    peer = _get(r, "peer_lerobot", "fp32", "samples_per_s")
-    mfu = _get(r, "ours", "fp32", "mfu", "samples_per_s", "mfu")
-    note = (
-        f"vla train vs lerobot-train; our MFU {mfu:.0%}"
-        if isinstance(mfu, float)
-        else "vla train vs lerobot-train"
-    )
-    return [_row("training end to end (files to optimizer step), fp32", "samples/s", ours, peer, note=note)]
+    """fp32 eager first; then bf16 autocast and the compiled frozen backbone where the result has them."""
+    rows = []
+    for ours_key, what in (
+        ("fp32", "fp32"),
+        ("bf16", "bf16 autocast"),
+        ("fp32_compiled", "fp32, frozen backbone compiled"),
+        ("bf16_compiled", "bf16 autocast, frozen backbone compiled"),
+    ):
+        ours = _get(r, "ours", ours_key, "samples_per_s")
+        if ours is None and ours_key != "fp32":
+            continue
+        peer = _get(r, "peer_lerobot", ours_key.split("_")[0], "samples_per_s")
+        mfu = _get(r, "ours", ours_key, "mfu", "samples_per_s", "mfu")
+        note = "vla train vs lerobot-train" + (f"; our MFU {mfu:.0%}" if isinstance(mfu, float) else "")
+        rows.append(
+            _row(f"training end to end (files to optimizer step), {what}", "samples/s", ours, peer, note=note)
+        )
+    return rows
 
 
 def _finetune(r: dict) -> list[Row]:

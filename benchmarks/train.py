@@ -13,6 +13,9 @@ backbone frozen, the same number of steps, the first ``--warmup`` steps not coun
   autocast. The dataset's ``robot_type`` (``synthetic_7dof``) gets an embodiment spec (the model benchmark's
   ``BENCH_SPEC``: state 8, action 7, chunk 50, primary + wrist cameras) in a config folder of its own
   (``VLA_CONFIG_DIR``; everything else there links to ``configs/``), so LeRobot's generic key map applies.
+  Each precision eager (``train.compile=never``, result key ``fp32``/``bf16``) and with the frozen backbone compiled
+  (``always``, key ``fp32_compiled``/``bf16_compiled``; the compile falls in the warm-up steps, its seconds are
+  reported from the checkpoint's ``trainer.json``).
 * LeRobot: ``lerobot-train`` with SmolVLA on CPU (``benchmarks/peer_lerobot_train.py`` in the peer venv), timed from
   its own per-step ``updt_s`` + ``data_s`` log fields; fp32 and bf16 (``policy.use_amp``).
 
@@ -95,6 +98,7 @@ def train_command(job: dict, run_dir: Path) -> list[str]:
         "train.save_every": job["steps"],
         "train.seed": 0,
         "train.precision": job["precision"],
+        "train.compile": job.get("compile", "never"),
         "logging.every": 1,
     }
     args = [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
@@ -138,12 +142,14 @@ def child_ours(job: dict) -> dict:
         return {"error": (proc.stderr or proc.stdout)[-3000:], "command": " ".join(cmd[1:])}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     res = summarize_metrics(rows, job)
+    (meta_file,) = run_dir.glob("checkpoints/step-*/train_state/trainer.json")
+    res["compile_frozen"] = json.loads(meta_file.read_text()).get("compile_frozen")  # parts, compile seconds
     res |= {
         "wall_s_total": wall,
         "command": "vla " + " ".join(cmd[3:]),
         # the largest single process of the run (main or a loader worker): RUSAGE_CHILDREN reports the maximum
         "peak_rss_any_process_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        **{k: job[k] for k in ("steps", "warmup", "batch", "workers", "precision", "image_size")},
+        **{k: job[k] for k in ("steps", "warmup", "batch", "workers", "precision", "compile", "image_size")},
     }
     shutil.rmtree(run_dir.parent, ignore_errors=True)
     return res
@@ -174,7 +180,7 @@ def compare(res: dict, batch: int) -> None:
     peak = res["matmul_peak"]
     peer = res.get("peer_lerobot", {})
     for name, side in (*res["ours"].items(), *peer.items()):
-        side["mfu"] = mfu(side, flops, peak, "bf16" if name.endswith("bf16") else "fp32", batch)
+        side["mfu"] = mfu(side, flops, peak, "bf16" if name.startswith("bf16") else "fp32", batch)
     ratios: dict = {rate: {} for rate in RATES}
     targets = {}
     for rate in RATES:
@@ -182,10 +188,10 @@ def compare(res: dict, batch: int) -> None:
             for theirs, p in peer.items():
                 if o.get(rate) and p.get(rate):
                     ratios[rate][f"ours_{ours}_vs_lerobot_{theirs}"] = o[rate] / p[rate]
-        for prec in ("fp32", "bf16"):
-            ratio = ratios[rate].get(f"ours_{prec}_vs_lerobot_{prec}")
+        for ours in res["ours"]:  # against LeRobot at the same precision
+            ratio = ratios[rate].get(f"ours_{ours}_vs_lerobot_{ours.split('_')[0]}")
             if ratio is not None:
-                targets[f"{prec}_speedup_ge_1.5x_by_{rate}"] = ratio >= 1.5
+                targets[f"{ours}_speedup_ge_1.5x_by_{rate}"] = ratio >= 1.5
     for prec, o in res["ours"].items():
         if "data_wait_frac" in o:
             targets[f"{prec}_data_wait_lt_5pct"] = o["data_wait_frac"] < 0.05
@@ -205,6 +211,8 @@ def main() -> None:
         "--image-size", type=int, default=0, help="data.image_size (default: the model's backbone.image_size)"
     )
     ap.add_argument("--precisions", default="fp32,bf16", help="our side")
+    ap.add_argument("--compile", default="never,always",
+                    help="our side's train.compile modes (never: eager; always: the frozen backbone compiled)")  # fmt: skip
     ap.add_argument("--peer-precisions", default="fp32,bf16")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--out", default="")
@@ -260,9 +268,11 @@ def main() -> None:
         "counted_by": "benchmarks/model.py child_train",
     }
     for precision in args.precisions.split(","):
-        job = {**common, "precision": precision, "image_size": args.image_size, "dataset": str(dataset),
-               "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
-        res["ours"][precision] = run_child(__file__, job)
+        for compile_mode in args.compile.split(","):
+            job = {**common, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
+                   "dataset": str(dataset), "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
+            name = precision if compile_mode == "never" else f"{precision}_compiled"
+            res["ours"][name] = run_child(__file__, job)
     if not args.skip_peer:
         res["peer_lerobot"] = {}
         for amp in args.peer_precisions.split(","):

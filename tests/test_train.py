@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -382,3 +383,80 @@ def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -
         assert attention.cpu_bf16_kernel_choices() == flipped
     finally:
         attention.pin_cpu_bf16_kernel(None)
+
+
+def test_bf16_holds_frozen_weights_in_bf16_with_bitwise_the_same_losses(wx: Path, tmp_path: Path) -> None:
+    """``train.frozen_bf16`` (on by default): under bf16 autocast the frozen vision tower's Linear/Conv weights are
+    stored in bf16, the values autocast rounds them to at every call. The losses and the trained weights are bit for
+    bit those of the float32-held run; the checkpoint stays float32, its frozen weights rounded to bf16 once."""
+    from vla.train.model_setup import held_in_float32, hold_frozen_in_bf16
+
+    runs = {}
+    for held in (False, True):
+        over = (
+            "model.backbone.freeze_vision=true",
+            "train.precision=bf16",
+            f"train.frozen_bf16={str(held).lower()}",
+        )
+        runs[held] = train(
+            load_train_config("debug", _args(wx, *over, steps=3, save_every=3)), tmp_path / str(held)
+        )
+    assert [r["loss"] for r in metrics(tmp_path / "True")] == [r["loss"] for r in metrics(tmp_path / "False")]
+    plain, rounded = weights(runs[False].last_checkpoint), weights(runs[True].last_checkpoint)
+    changed = [k for k in plain if not torch.equal(plain[k], rounded[k])]
+    frozen = ("backbone.vision.", "backbone.projector.")  # what freeze_vision freezes
+    assert changed and all(k.startswith(frozen) for k in changed), changed
+    assert all(v.dtype == torch.float32 for v in rounded.values())
+    for (
+        k
+    ) in changed:  # rounded to bf16 once; every other tensor, the trained ones included, is bit for bit equal
+        torch.testing.assert_close(rounded[k], plain[k].to(torch.bfloat16).float(), rtol=0, atol=0, msg=k)
+    # the helper itself: trainable and tied layers keep float32; saving restores float32 exactly, then bf16 again
+    lin, tied, emb = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False), torch.nn.Embedding(4, 4)
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    tied.weight = emb.weight
+    tied.requires_grad_(False)
+    model = torch.nn.ModuleList([lin, frozen, tied, emb])
+    held = hold_frozen_in_bf16(model)
+    assert held == [frozen] and frozen.weight.dtype == torch.bfloat16
+    assert lin.weight.dtype == tied.weight.dtype == torch.float32
+    before = frozen.weight.detach().clone()
+    with held_in_float32(held):
+        assert frozen.weight.dtype == torch.float32 and torch.equal(frozen.weight.bfloat16(), before)
+    assert frozen.weight.dtype == torch.bfloat16 and torch.equal(frozen.weight, before)
+
+
+def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(wx: Path, tmp_path: Path) -> None:
+    """``train.compile``: with the whole backbone frozen, its vision tower and language layers run as compiled
+    graphs (frozen weights). The losses follow the eager run's; the decision and its reason are logged and kept in
+    the checkpoint; 4 steps straight equal 2 steps + resume + 2 steps bit for bit, the resumed run taking the
+    checkpoint's decision over ``auto`` (which alone would stay eager in so short a run)."""
+    frozen = ("model.backbone.freeze_vision=true", "model.backbone.freeze_language=true")
+
+    def events(name: str) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if r.get("event") == "compile"]
+
+    def run(name: str, *over: str, steps: int = 4) -> Any:
+        cfg = load_train_config("debug", _args(wx, *frozen, *over, steps=steps, save_every=2))
+        return train(cfg, tmp_path / name)
+
+    run("eager", "train.compile=never")
+    straight = run("straight", "train.compile=always")
+    (event,) = events("straight")
+    assert event["parts"] == ["vision", "language"] and event["compiled"]
+    meta = json.loads((straight.last_checkpoint / "train_state" / "trainer.json").read_text())
+    assert meta["compile_frozen"]["compiled"] and meta["compile_frozen"]["reason"] == "train.compile=always"
+    losses = {n: [r["loss"] for r in metrics(tmp_path / n)] for n in ("eager", "straight")}
+    assert losses["straight"] == pytest.approx(losses["eager"], rel=1e-4)
+    (never,) = events("eager")
+    assert not never["compiled"] and never["reason"] == "train.compile=never"
+    run("resumed", "train.compile=always", steps=2)
+    run(
+        "resumed", "train.compile=auto"
+    )  # 2 steps left: auto alone would not compile; the checkpoint's choice wins
+    first, again = events("resumed")
+    assert first["compiled"] and again["compiled"] and again["reason"] == "the resumed checkpoint's choice"
+    a, b = weights(straight.last_checkpoint), weights(latest_complete(tmp_path / "resumed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in metrics(tmp_path / "resumed")][-2:] == losses["straight"][-2:]

@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +111,8 @@ class VLMBackbone(nn.Module):
         # serving replaces these with compiled versions (FlowVLA.prepare_inference); train() restores them
         self._encode_pixels: Callable[[torch.Tensor], torch.Tensor] = self.encode_pixels
         self._run_layers: Callable[..., tuple[list[torch.Tensor], list[torch.Tensor]]] = self.run_layers
+        # training's compiled frozen parts (compile_frozen): what drop_compiled goes back to
+        self._eager_or_frozen: dict[str, Callable[..., Any]] = {}
         self.set_trainable()
 
     def compile_for_serving(self, compile_fn: Callable[[Callable], Callable]) -> None:
@@ -118,10 +121,48 @@ class VLMBackbone(nn.Module):
         self._run_layers = compile_fn(self.run_layers)
 
     def drop_compiled(self) -> None:
-        """Back to the eager functions (FlowVLA drops compiled graphs whenever weights may change)."""
-        release(self._encode_pixels)
-        release(self._run_layers)
-        self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
+        """Back to the eager functions, or to training's compiled frozen parts (FlowVLA drops serving's compiled
+        graphs whenever weights may change; the parts ``compile_frozen`` compiled cannot change)."""
+        kept = self._eager_or_frozen
+        for name in ("_encode_pixels", "_run_layers"):
+            fn = getattr(self, name)
+            if fn is not kept.get(name):
+                release(fn)
+        self._encode_pixels = kept.get("_encode_pixels", self.encode_pixels)
+        self._run_layers = kept.get("_run_layers", self.run_layers)
+
+    def frozen_parts(self) -> list[str]:
+        """The parts that run without autograd in training and whose weights no optimizer can change: the vision
+        tower + projector with ``freeze_vision`` (and no trainable parameter there, e.g. no LoRA adapter), the
+        language layers when the whole backbone is frozen and they carry no trainable parameter."""
+        parts = []
+        vision = [*self.vision.parameters(), *self.projector.parameters()]
+        if self.cfg.freeze_vision and not any(p.requires_grad for p in vision):
+            parts.append("vision")
+        if self.frozen and not any(p.requires_grad for p in self.layers.parameters()):
+            parts.append("language")
+        return parts
+
+    def compile_frozen(self, compile_fn: Callable[..., Callable]) -> list[str]:
+        """Training: run ``frozen_parts()`` as graphs compiled by ``compile_fn(fn, dynamic=...)`` (frozen weights:
+        vla.models.compiled); they stay through ``train()``. Batch and prompt length are dynamic dimensions from
+        the first call, so every batch runs on the same graph whatever the shapes before it (a resumed run
+        computes what the uninterrupted one did, bit for bit). Returns the parts compiled."""
+        parts = self.frozen_parts()
+        if "vision" in parts:
+            compiled = compile_fn(
+                self.encode_pixels, dynamic=False
+            )  # dynamic H/W do not trace; the batch does
+
+            def encode(pixels: torch.Tensor) -> torch.Tensor:
+                torch._dynamo.maybe_mark_dynamic(pixels, 0)
+                return compiled(pixels)
+
+            self._eager_or_frozen["_encode_pixels"] = encode
+        if "language" in parts:
+            self._eager_or_frozen["_run_layers"] = compile_fn(self.run_layers, dynamic=True)
+        self.drop_compiled()
+        return parts
 
     def train(self, mode: bool = True) -> VLMBackbone:
         if mode:  # compiled for serving with frozen weights: drop before weights can change

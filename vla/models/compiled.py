@@ -22,12 +22,14 @@ import torch
 class FrozenCompiled:
     """``fn`` compiled with frozen weights (see the module docstring); call it like ``fn``."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, fn: Callable[..., torch.Tensor], dynamic: bool | None = None) -> None:
         self.fn = _own_code_copy(fn)
         self.code = getattr(self.fn, "__func__", self.fn).__code__
-        # Shapes start static and a dimension that changes (the prefix length, when the prompt's token count
-        # changes) is recompiled once as dynamic (``dynamic=None``): a new instruction costs one recompile.
-        self.compiled = torch.compile(self.fn, dynamic=None, fullgraph=True)
+        # ``dynamic=None`` (serving): shapes start static and a dimension that changes (the prefix length, when the
+        # prompt's token count changes) is recompiled once as dynamic: a new instruction costs one recompile.
+        # ``dynamic=True`` (training): one graph for every shape from the start, so which graph a batch runs on
+        # (and its exact rounding) does not depend on the shapes seen before it: a resumed run stays bitwise.
+        self.compiled = torch.compile(self.fn, dynamic=dynamic, fullgraph=True)
 
     def __call__(self, *args: object) -> torch.Tensor:
         import torch._inductor.config as inductor_config
@@ -36,8 +38,8 @@ class FrozenCompiled:
             return self.compiled(*args)
 
 
-def frozen_compile(fn: Callable[..., torch.Tensor]) -> FrozenCompiled:
-    return FrozenCompiled(fn)
+def frozen_compile(fn: Callable[..., torch.Tensor], dynamic: bool | None = None) -> FrozenCompiled:
+    return FrozenCompiled(fn, dynamic)
 
 
 def release(fn: Callable[..., object]) -> None:

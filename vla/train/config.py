@@ -38,6 +38,8 @@ from vla.models.lora import LoraSettings
 
 PRECISIONS = ("fp32", "bf16")
 STRATEGIES = ("auto", "single", "ddp", "fsdp2")
+COMPILE_MODES = ("auto", "always", "never")
+AUTO_COMPILE_MIN_STEPS = 500  # train.compile=auto: shorter runs stay eager
 SCHEDULES = ("cosine", "constant")
 
 
@@ -45,10 +47,18 @@ SCHEDULES = ("cosine", "constant")
 class LoopConfig:
     """The loop: ``steps`` optimizer steps in total, a checkpoint every ``save_every`` steps (and at the end), the
     newest ``keep_last`` kept, ``grad_accum`` micro-batches per step, ``precision`` of the forward/backward
-    (``bf16`` = bf16 autocast, weights and optimizer state stay float32), gradient-norm clipping (0 = off),
+    (``bf16`` = bf16 autocast; trainable weights and optimizer state stay float32, and with ``frozen_bf16`` the
+    frozen Linear/Conv weights are held in bf16, the values autocast would round them to at every call: same
+    losses bit for bit, less memory and time; not under FSDP2), gradient-norm clipping (0 = off),
     validation loss every ``val_every`` steps (0 = off) over ``val_batches`` batches of ``val_split`` (or, with
     ``data.val_episodes=N``, of the episodes held out of training), and with
-    ``val_at_start`` once before the first step of a fresh run (the baseline a fine-tuning curve starts from)."""
+    ``val_at_start`` once before the first step of a fresh run (the baseline a fine-tuning curve starts from).
+    ``compile``: run the frozen backbone parts (vla.models.backbone ``frozen_parts``: the vision tower with
+    ``freeze_vision``, the language layers too when the whole backbone is frozen) as Inductor graphs with frozen
+    weights. ``auto`` times eager vs compiled on the first batch and keeps the faster (the fastest mode differs
+    between CPU families and GPUs), for runs of at least ``AUTO_COMPILE_MIN_STEPS`` steps (the compile, tens of
+    seconds on a CPU, would not pay back in a shorter one); ``always`` / ``never`` force it. The choice is kept in
+    the checkpoint and a resumed run takes it over. Not under FSDP2."""
 
     steps: int = 1000
     save_every: int = 500
@@ -56,11 +66,13 @@ class LoopConfig:
     seed: int = 0
     grad_accum: int = 1
     precision: str = "fp32"
+    frozen_bf16: bool = True
     grad_clip: float = 1.0
     val_every: int = 0
     val_batches: int = 4
     val_split: str = "val"
     val_at_start: bool = False
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")
@@ -70,6 +82,10 @@ class LoopConfig:
         _require(
             self.precision in PRECISIONS,
             f"train.precision must be one of {PRECISIONS}, got {self.precision!r}",
+        )
+        _require(
+            self.compile in COMPILE_MODES,
+            f"train.compile must be one of {COMPILE_MODES}, got {self.compile!r}",
         )
         _require(self.grad_clip >= 0, f"train.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
         _require(self.val_every >= 0, f"train.val_every must be >= 0 (0 = off), got {self.val_every}")

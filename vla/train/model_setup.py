@@ -5,7 +5,9 @@ normalization and the exact stats)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,47 @@ def _check_image_size(cfg: TrainConfig, model: FlowVLA) -> None:
             f"(model.backbone.image_size): set data.image_size={want} (or leave it unset to follow the model) so "
             "images are resized once, in the loader, exactly as serving will"
         )
+
+
+#: layers whose weights bf16 autocast casts to bf16 at every call (its lower-precision op list on CPU and CUDA)
+_AUTOCAST_CAST = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+
+
+def hold_frozen_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Store the weights of frozen Linear/Conv layers in bf16, for a bf16-autocast run; returns the layers changed.
+
+    Autocast casts a layer's float32 weight to bf16 at every call, and caches the cast only for weights that need
+    gradients: a frozen backbone's weights were rounded again on every forward pass (a sixth of a
+    ``bench_smolvla`` training step on CPU). Rounding them once gives the matmuls the very same bf16 operands, so
+    losses and gradients are bit for bit those of the float32-held model, with half the frozen weights' memory.
+    Layers sharing a parameter with another module (tied embeddings) and layers with any trainable parameter keep
+    float32. Saving goes through ``held_in_float32`` so checkpoints stay float32."""
+    users: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            users[id(p)] = users.get(id(p), 0) + 1
+    held = []
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if (
+            isinstance(module, _AUTOCAST_CAST)
+            and own
+            and not any(p.requires_grad for p in own)
+            and all(users[id(p)] == 1 and p.dtype == torch.float32 for p in own)
+        ):
+            module.to(torch.bfloat16)
+            held.append(module)
+    return held
+
+
+@contextlib.contextmanager
+def held_in_float32(held: list[torch.nn.Module]) -> Iterator[None]:
+    """Float32 weights for the layers ``hold_frozen_in_bf16`` changed, while saving (bf16 -> float32 -> bf16 is
+    exact, so the run continues on the same weights)."""
+    for module in held:
+        module.float()
+    try:
+        yield
+    finally:
+        for module in held:
+            module.to(torch.bfloat16)

@@ -31,12 +31,13 @@ import yaml
 from vla.data.loader import VLALoader, build_loader
 from vla.models.attention import cpu_bf16_kernel_choices, pin_cpu_bf16_kernel, restore_cpu_bf16_kernels
 from vla.models.backbone import resolve_pretrained
+from vla.models.compiled import frozen_compile
 from vla.models.run_dir import CHECKPOINTS, latest_complete
 from vla.train import checkpoint as ckpt
-from vla.train.config import TrainConfig, config_dict, diff_configs
+from vla.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig, config_dict, diff_configs
 from vla.train.distributed import Runtime
 from vla.train.logger import MetricsLogger
-from vla.train.model_setup import build_model
+from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
 from vla.train.optim import build_optimizer, build_scheduler
 from vla.types import Batch
 
@@ -102,12 +103,20 @@ class Trainer:
         self.loader.embodiment_ids.clear()
         self.loader.embodiment_ids.update(self.model.embodiment_ids)
         no_decay = self._prepare_finetune()
+        # bf16 autocast rounds frozen weights at every call: round them once (the same numbers; FSDP2 shards need
+        # one dtype per layer and keeps its own mixed-precision policy)
+        hold = cfg.train.precision == "bf16" and cfg.train.frozen_bf16 and self.rt.strategy != "fsdp2"
+        self.held_bf16 = hold_frozen_in_bf16(self.model) if hold else []
         self.wrapped = self.rt.wrap(self.model, cfg.train.precision)
         self.optimizer = build_optimizer(self.model.named_parameters(), cfg.optim, no_decay)
         self.table_version = getattr(self.model, "table_version", 0)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.ema = self._init_ema()
         self.step, self.samples_seen = 0, 0
+        self.compiled: dict[str, Any] | None = (
+            None  # train.compile's decision (_decide_compile), once per process
+        )
+        self.pinned_compile: bool | None = None  # a resumed run's: the checkpoint's decision
         self.datasets = sorted({s.name for s in self.loader.dataset.sources})
         pin_cpu_bf16_kernel(
             None
@@ -215,6 +224,8 @@ class Trainer:
         self.scheduler.load_state_dict(meta["scheduler"])
         self.step, self.samples_seen = int(meta["step"]), int(meta["samples_seen"])
         restore_cpu_bf16_kernels(meta.get("cpu_bf16_attention") or {})  # the run's kernels (bitwise resume)
+        if meta.get("compile_frozen") is not None:  # the run's graphs, not a new measurement (bitwise resume)
+            self.pinned_compile = bool(meta["compile_frozen"]["compiled"])
         loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
         if meta["world_size"] == self.rt.world_size and loader_state is not None:
             self.loader.load_state_dict(loader_state)
@@ -333,6 +344,61 @@ class Trainer:
         return (steps.sum(1) * batch.action_mask.sum(1)).sum().float()
 
     # ---- the loop -----------------------------------------------------------------------------------------
+    def _decide_compile(self, batch: Batch) -> dict[str, Any]:
+        """``train.compile``: compile the backbone's frozen parts or not (see ``LoopConfig``), before the first step.
+        ``auto`` times the frozen prefix (no autograd, the run's precision) on ``batch``: eager, then compiled; every
+        rank takes the decision of the summed times. The RNG state is left as it was."""
+        cfg, backbone = self.cfg.train, self.model.backbone
+        parts = backbone.frozen_parts()
+        out: dict[str, Any] = {"parts": parts, "mode": cfg.compile, "compiled": False}
+        if not parts or self.rt.strategy == "fsdp2":
+            return {**out, "parts": [], "reason": "FSDP2" if parts else "nothing frozen"}
+        if self.pinned_compile is not None and cfg.compile == "auto":  # an explicit setting wins
+            if self.pinned_compile:
+                backbone.compile_frozen(frozen_compile)
+            return {**out, "compiled": self.pinned_compile, "reason": "the resumed checkpoint's choice"}
+        remaining = cfg.steps - self.step
+        if cfg.compile == "never" or (cfg.compile == "auto" and remaining < AUTO_COMPILE_MIN_STEPS):
+            why = (
+                "train.compile=never"
+                if cfg.compile == "never"
+                else f"{remaining} steps < {AUTO_COMPILE_MIN_STEPS}"
+            )
+            return {**out, "reason": why}
+        eager_s = self._time_prefix(batch) if cfg.compile == "auto" else None
+        t0 = time.perf_counter()
+        backbone.compile_frozen(frozen_compile)
+        self._time_prefix(batch, repeats=0)  # compiles
+        compile_s = time.perf_counter() - t0
+        out.update(compiled=True, compile_s=round(compile_s, 2))
+        if eager_s is None:
+            return {**out, "reason": "train.compile=always"}
+        compiled_s = self._time_prefix(batch)
+        summed = self.rt.all_reduce_sum(torch.tensor([eager_s, compiled_s], dtype=torch.float64))
+        keep = bool(summed[1] < summed[0])
+        out.update(eager_ms=round(eager_s * 1000, 2), compiled_ms=round(compiled_s * 1000, 2), compiled=keep)
+        if not keep:
+            backbone._eager_or_frozen.clear()
+            backbone.drop_compiled()
+        log.info("train.compile=auto: frozen %s, eager %.1f ms vs compiled %.1f ms: %s", "+".join(parts),
+                 eager_s * 1000, compiled_s * 1000, "compiled" if keep else "eager")  # fmt: skip
+        return {**out, "reason": "measured"}
+
+    @torch.no_grad()
+    def _time_prefix(self, batch: Batch, repeats: int = 2) -> float:
+        """Fastest of ``repeats`` timed runs of the backbone's prefix on ``batch`` (after one untimed run)."""
+        best = float("inf")
+        devices = [self.rt.device] if self.rt.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), self.rt.autocast(self.cfg.train.precision):
+            for i in range(repeats + 1):
+                t0 = time.perf_counter()
+                self.model.compute_prefix(batch)
+                if self.rt.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i:
+                    best = min(best, time.perf_counter() - t0)
+        return best
+
     def _train_step(self, micro: list[Batch]) -> dict[str, Any]:
         rt, model = self.rt, self.wrapped
         weight = rt.all_reduce_sum(torch.stack([self._weight(b) for b in micro]).sum())
@@ -403,6 +469,10 @@ class Trainer:
                 t0 = time.perf_counter()
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
                 wait = time.perf_counter() - t0
+                if self.compiled is None:
+                    self.compiled = self._decide_compile(micro[0])
+                    if self.compiled["parts"]:
+                        logger.event(self.step, "compile", **self.compiled)
                 metrics = self._train_step(micro)
                 self.step += 1
                 self.samples_seen += self.global_batch
@@ -481,7 +551,7 @@ class Trainer:
             (self.run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
             ckpt.clean_partials(self.run_dir)
         rt.barrier()
-        with self._ema_weights():
+        with self._ema_weights(), held_in_float32(self.held_bf16):
             rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
         rt.barrier()
         ckpt.save_train_state(
@@ -500,6 +570,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "strategy": rt.strategy,
                 "cpu_bf16_attention": cpu_bf16_kernel_choices(),
+                "compile_frozen": self.compiled,
             }
             ckpt.write_trainer_meta(tmp, meta, self.config)
             final = ckpt.publish(self.run_dir, step)
