@@ -111,8 +111,10 @@ class VLMBackbone(nn.Module):
         # serving replaces these with compiled versions (FlowVLA.prepare_inference); train() restores them
         self._encode_pixels: Callable[[torch.Tensor], torch.Tensor] = self.encode_pixels
         self._run_layers: Callable[..., tuple[list[torch.Tensor], list[torch.Tensor]]] = self.run_layers
-        # training's compiled frozen parts (compile_frozen): what drop_compiled goes back to
-        self._eager_or_frozen: dict[str, Callable[..., Any]] = {}
+        # training's compiled frozen parts (compile_frozen): what drop_compiled goes back to, and the submodules
+        # they read, kept in eval mode (a train/eval switch would recompile them)
+        self._frozen_compiled: dict[str, Callable[..., Any]] = {}
+        self._frozen_eval: list[nn.Module] = []
         self.set_trainable()
 
     def compile_for_serving(self, compile_fn: Callable[[Callable], Callable]) -> None:
@@ -122,8 +124,8 @@ class VLMBackbone(nn.Module):
 
     def drop_compiled(self) -> None:
         """Back to the eager functions, or to training's compiled frozen parts (FlowVLA drops serving's compiled
-        graphs whenever weights may change; the parts ``compile_frozen`` compiled cannot change)."""
-        kept = self._eager_or_frozen
+        graphs whenever weights may change; the parts ``compile_frozen`` compiled cannot change in training)."""
+        kept = self._frozen_compiled
         for name in ("_encode_pixels", "_run_layers"):
             fn = getattr(self, name)
             if fn is not kept.get(name):
@@ -144,30 +146,46 @@ class VLMBackbone(nn.Module):
         return parts
 
     def compile_frozen(self, compile_fn: Callable[..., Callable]) -> list[str]:
-        """Training: run ``frozen_parts()`` as graphs compiled by ``compile_fn(fn, dynamic=...)`` (frozen weights:
-        vla.models.compiled); they stay through ``train()``. Batch and prompt length are dynamic dimensions from
-        the first call, so every batch runs on the same graph whatever the shapes before it (a resumed run
-        computes what the uninterrupted one did, bit for bit). Returns the parts compiled."""
+        """Training: run ``frozen_parts()`` as graphs compiled by ``compile_fn(fn, dynamic=..., batch_dynamic=...)``
+        (frozen weights: vla.models.compiled), in eval mode (no dropout in a frozen part; a train/eval switch
+        would recompile) until ``drop_frozen_compiled``. Batch and prompt length are dynamic dimensions from the
+        first call, so a batch runs on the same graph whatever the shapes before it (a resumed run computes what
+        the uninterrupted one did, bit for bit). Returns the parts compiled."""
+        self.drop_frozen_compiled()
         parts = self.frozen_parts()
-        if "vision" in parts:
-            compiled = compile_fn(
-                self.encode_pixels, dynamic=False
-            )  # dynamic H/W do not trace; the batch does
-
-            def encode(pixels: torch.Tensor) -> torch.Tensor:
-                torch._dynamo.maybe_mark_dynamic(pixels, 0)
-                return compiled(pixels)
-
-            self._eager_or_frozen["_encode_pixels"] = encode
+        if "vision" in parts:  # dynamic H/W do not trace (position-embedding buckets); the batch does
+            fn = compile_fn(self.encode_pixels, dynamic=False, batch_dynamic=True)
+            self._frozen_compiled["_encode_pixels"] = fn
+            self._frozen_eval += [self.vision, self.projector]
         if "language" in parts:
-            self._eager_or_frozen["_run_layers"] = compile_fn(self.run_layers, dynamic=True)
+            self._frozen_compiled["_run_layers"] = compile_fn(self.run_layers, dynamic=True)
+            self._frozen_eval.append(self.layers)
+        for module in self._frozen_eval:
+            module.eval()
         self.drop_compiled()
         return parts
+
+    def drop_frozen_compiled(self) -> None:
+        """Back to eager for the parts ``compile_frozen`` compiled (their graphs freed; train/eval as the model)."""
+        compiled, self._frozen_compiled = self._frozen_compiled, {}
+        for fn in compiled.values():
+            release(fn)
+        self._frozen_eval = []
+        self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
+        self.train(self.training)
+
+    @property
+    def frozen_compiled(self) -> list[str]:
+        """The functions running as training's compiled frozen graphs (``compile_frozen``)."""
+        return sorted(self._frozen_compiled)
 
     def train(self, mode: bool = True) -> VLMBackbone:
         if mode:  # compiled for serving with frozen weights: drop before weights can change
             self.drop_compiled()
-        return super().train(mode)
+        super().train(mode)
+        for module in self._frozen_eval:
+            module.eval()
+        return self
 
     # ---- construction ----------------------------------------------------------------------------------------
     @classmethod

@@ -22,8 +22,13 @@ import torch
 class FrozenCompiled:
     """``fn`` compiled with frozen weights (see the module docstring); call it like ``fn``."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], dynamic: bool | None = None) -> None:
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], dynamic: bool | None = None, batch_dynamic: bool = False
+    ) -> None:
         self.fn = _own_code_copy(fn)
+        # ``batch_dynamic``: the first argument's first dimension is marked dynamic at every call (one graph for
+        # every batch size but 1, which Dynamo specializes), where ``dynamic=True`` would not trace
+        self.batch_dynamic = batch_dynamic
         self.code = getattr(self.fn, "__func__", self.fn).__code__
         # ``dynamic=None`` (serving): shapes start static and a dimension that changes (the prefix length, when the
         # prompt's token count changes) is recompiled once as dynamic: a new instruction costs one recompile.
@@ -34,12 +39,16 @@ class FrozenCompiled:
     def __call__(self, *args: object) -> torch.Tensor:
         import torch._inductor.config as inductor_config
 
+        if self.batch_dynamic and isinstance(args[0], torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(args[0], 0)
         with inductor_config.patch(freezing=True):  # read when a graph is compiled (a shape's first call)
             return self.compiled(*args)
 
 
-def frozen_compile(fn: Callable[..., torch.Tensor], dynamic: bool | None = None) -> FrozenCompiled:
-    return FrozenCompiled(fn, dynamic)
+def frozen_compile(
+    fn: Callable[..., torch.Tensor], dynamic: bool | None = None, batch_dynamic: bool = False
+) -> FrozenCompiled:
+    return FrozenCompiled(fn, dynamic, batch_dynamic)
 
 
 def release(fn: Callable[..., object]) -> None:

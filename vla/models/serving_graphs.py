@@ -45,6 +45,7 @@ class ServingGraphs(nn.Module):
         flow step, vision tower and language layers compiled with frozen weights (one-time compile cost)."""
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self._drop_compiled()
+        self.backbone.drop_frozen_compiled()  # training's graphs froze other weights (and dtype)
         # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at
         # position 600): keep them float32, as HF computes them in float32 whatever the model dtype.
         rope = [

@@ -157,6 +157,7 @@ class MicroBatcher:
 
     @property
     def adaptive(self) -> bool:
+        """Whether the window follows the measured forward time (``window_s=None``)."""
         return self.fixed_window_s is None
 
     @property
@@ -241,11 +242,16 @@ class MicroBatcher:
                     except Exception as e1:
                         chunks.append(e1)
         seconds = time.perf_counter() - start
-        self.forward_s = (
-            seconds
-            if self.forward_s is None
-            else (_FORWARD_EMA * seconds + (1 - _FORWARD_EMA) * self.forward_s)
-        )
+        if not any(
+            isinstance(c, BaseException) for c in chunks
+        ):  # one clean pass (not the one-by-one re-runs)
+            # a one-off stall (GC, a recompile) moves the average by at most 4x its value: the window stays short
+            seconds_avg = seconds if self.forward_s is None else min(seconds, 4 * self.forward_s)
+            self.forward_s = (
+                seconds_avg
+                if self.forward_s is None
+                else _FORWARD_EMA * seconds_avg + (1 - _FORWARD_EMA) * self.forward_s
+            )
         if self.metrics is not None:
             self.metrics.inference.observe(seconds)
             self.metrics.batch_size.observe(len(jobs))

@@ -79,8 +79,8 @@ def _window_ms(text: str) -> float | None:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected milliseconds or 'auto', got {text!r}") from None
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be >= 0 (or 'auto'), got {text}")
+    if not 0 <= value <= 1000:  # also refuses nan and inf (a queue wait must be finite)
+        raise argparse.ArgumentTypeError(f"must be in [0, 1000] ms (or 'auto'), got {text}")
     return value
 
 

@@ -40,6 +40,7 @@ PRECISIONS = ("fp32", "bf16")
 STRATEGIES = ("auto", "single", "ddp", "fsdp2")
 COMPILE_MODES = ("auto", "always", "never")
 AUTO_COMPILE_MIN_STEPS = 500  # train.compile=auto: shorter runs stay eager
+AUTO_COMPILE_MARGIN = 0.05  # train.compile=auto keeps graphs at least this much faster than eager
 SCHEDULES = ("cosine", "constant")
 
 
@@ -55,10 +56,12 @@ class LoopConfig:
     ``val_at_start`` once before the first step of a fresh run (the baseline a fine-tuning curve starts from).
     ``compile``: run the frozen backbone parts (vla.models.backbone ``frozen_parts``: the vision tower with
     ``freeze_vision``, the language layers too when the whole backbone is frozen) as Inductor graphs with frozen
-    weights. ``auto`` times eager vs compiled on the first batch and keeps the faster (the fastest mode differs
-    between CPU families and GPUs), for runs of at least ``AUTO_COMPILE_MIN_STEPS`` steps (the compile, tens of
-    seconds on a CPU, would not pay back in a shorter one); ``always`` / ``never`` force it. The choice is kept in
-    the checkpoint and a resumed run takes it over. Not under FSDP2."""
+    weights, in eval mode (no dropout in a frozen part). ``auto`` times eager vs compiled on the first batch and
+    keeps the graphs when they are ``AUTO_COMPILE_MARGIN`` faster (the fastest mode differs between CPU families
+    and GPUs), for runs of at least ``AUTO_COMPILE_MIN_STEPS`` steps (the compile, tens of seconds on a CPU, would
+    not pay back in a shorter one); a compile that fails leaves the run eager. ``always`` (a failure is an error) /
+    ``never`` force it. The choice is kept in the checkpoint; a resumed run under ``auto`` takes it over (bitwise
+    resume), an explicit ``always``/``never`` wins. Not under FSDP2."""
 
     steps: int = 1000
     save_every: int = 500

@@ -138,7 +138,8 @@ def hold_frozen_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
     ``bench_smolvla`` training step on CPU). Rounding them once gives the matmuls the very same bf16 operands, so
     losses and gradients are bit for bit those of the float32-held model, with half the frozen weights' memory.
     Layers sharing a parameter with another module (tied embeddings) and layers with any trainable parameter keep
-    float32. Saving goes through ``held_in_float32`` so checkpoints stay float32."""
+    float32. Saving goes through ``held_in_float32`` so checkpoints stay float32 tensors, holding the bf16-rounded
+    values the run trained with (a pretrained backbone published in bf16 loses nothing)."""
     users: dict[int, int] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
@@ -147,7 +148,7 @@ def hold_frozen_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
     for module in model.modules():
         own = list(module.parameters(recurse=False))
         if (
-            isinstance(module, _AUTOCAST_CAST)
+            type(module) in _AUTOCAST_CAST  # exactly: a subclass may compute in float32 on purpose
             and own
             and not any(p.requires_grad for p in own)
             and all(users[id(p)] == 1 and p.dtype == torch.float32 for p in own)

@@ -34,7 +34,13 @@ from vla.models.backbone import resolve_pretrained
 from vla.models.compiled import frozen_compile
 from vla.models.run_dir import CHECKPOINTS, latest_complete
 from vla.train import checkpoint as ckpt
-from vla.train.config import AUTO_COMPILE_MIN_STEPS, TrainConfig, config_dict, diff_configs
+from vla.train.config import (
+    AUTO_COMPILE_MARGIN,
+    AUTO_COMPILE_MIN_STEPS,
+    TrainConfig,
+    config_dict,
+    diff_configs,
+)
 from vla.train.distributed import Runtime
 from vla.train.logger import MetricsLogger
 from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
@@ -113,10 +119,9 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.ema = self._init_ema()
         self.step, self.samples_seen = 0, 0
-        self.compiled: dict[str, Any] | None = (
-            None  # train.compile's decision (_decide_compile), once per process
-        )
-        self.pinned_compile: bool | None = None  # a resumed run's: the checkpoint's decision
+        # train.compile's decision (_decide_compile, before the first step) and a resumed run's recorded one
+        self.compile_decision: dict[str, Any] | None = None
+        self.pinned_compile: bool | None = None
         self.datasets = sorted({s.name for s in self.loader.dataset.sources})
         pin_cpu_bf16_kernel(
             None
@@ -224,8 +229,8 @@ class Trainer:
         self.scheduler.load_state_dict(meta["scheduler"])
         self.step, self.samples_seen = int(meta["step"]), int(meta["samples_seen"])
         restore_cpu_bf16_kernels(meta.get("cpu_bf16_attention") or {})  # the run's kernels (bitwise resume)
-        if meta.get("compile_frozen") is not None:  # the run's graphs, not a new measurement (bitwise resume)
-            self.pinned_compile = bool(meta["compile_frozen"]["compiled"])
+        # the run's graphs, not a new measurement (bitwise resume); checkpoints from before train.compile: eager
+        self.pinned_compile = bool((meta.get("compile_frozen") or {}).get("compiled", False))
         loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
         if meta["world_size"] == self.rt.world_size and loader_state is not None:
             self.loader.load_state_dict(loader_state)
@@ -346,40 +351,61 @@ class Trainer:
     # ---- the loop -----------------------------------------------------------------------------------------
     def _decide_compile(self, batch: Batch) -> dict[str, Any]:
         """``train.compile``: compile the backbone's frozen parts or not (see ``LoopConfig``), before the first step.
-        ``auto`` times the frozen prefix (no autograd, the run's precision) on ``batch``: eager, then compiled; every
-        rank takes the decision of the summed times. The RNG state is left as it was."""
+        ``auto`` times the frozen prefix (no autograd, the run's precision) on ``batch``, eager then compiled, and
+        keeps the graphs when they are at least ``AUTO_COMPILE_MARGIN`` faster; a compile that fails leaves the run
+        eager (with ``always``: an error). Every rank takes the decision of the summed times and failures. The RNG
+        state is left as it was."""
         cfg, backbone = self.cfg.train, self.model.backbone
         parts = backbone.frozen_parts()
         out: dict[str, Any] = {"parts": parts, "mode": cfg.compile, "compiled": False}
-        if not parts or self.rt.strategy == "fsdp2":
-            return {**out, "parts": [], "reason": "FSDP2" if parts else "nothing frozen"}
+        if not parts:
+            return {**out, "reason": "nothing frozen"}
+        if self.rt.strategy == "fsdp2":
+            if cfg.compile == "always":
+                log.warning("train.compile=always: not under FSDP2 (sharded weights); the run stays eager")
+            return {**out, "reason": "FSDP2"}
         if self.pinned_compile is not None and cfg.compile == "auto":  # an explicit setting wins
             if self.pinned_compile:
                 backbone.compile_frozen(frozen_compile)
             return {**out, "compiled": self.pinned_compile, "reason": "the resumed checkpoint's choice"}
         remaining = cfg.steps - self.step
-        if cfg.compile == "never" or (cfg.compile == "auto" and remaining < AUTO_COMPILE_MIN_STEPS):
-            why = (
-                "train.compile=never"
-                if cfg.compile == "never"
-                else f"{remaining} steps < {AUTO_COMPILE_MIN_STEPS}"
-            )
-            return {**out, "reason": why}
-        eager_s = self._time_prefix(batch) if cfg.compile == "auto" else None
-        t0 = time.perf_counter()
-        backbone.compile_frozen(frozen_compile)
-        self._time_prefix(batch, repeats=0)  # compiles
-        compile_s = time.perf_counter() - t0
+        if cfg.compile == "never":
+            return {**out, "reason": "train.compile=never"}
+        if cfg.compile == "auto" and remaining < AUTO_COMPILE_MIN_STEPS:
+            return {**out, "reason": f"{remaining} steps < {AUTO_COMPILE_MIN_STEPS}"}
+        eager_s = compiled_s = compile_s = 0.0
+        failure = None
+        try:
+            if cfg.compile == "auto":
+                eager_s = self._time_prefix(batch)
+            t0 = time.perf_counter()
+            backbone.compile_frozen(frozen_compile)
+            self._time_prefix(batch, repeats=0)  # compiles
+            compile_s = time.perf_counter() - t0
+            if cfg.compile == "auto":
+                compiled_s = self._time_prefix(batch)
+        except Exception as e:  # e.g. a graph break in a backbone's code (fullgraph): train eagerly
+            failure = e
+        summed = self.rt.all_reduce_sum(
+            torch.tensor([failure is not None, eager_s, compiled_s], dtype=torch.float64)
+        )
+        if summed[0] > 0:
+            backbone.drop_frozen_compiled()
+            why = f"{type(failure).__name__}: {failure}" if failure else "failed on another rank"
+            if cfg.compile == "always":
+                raise RuntimeError(
+                    f"train.compile=always: compiling the frozen {'+'.join(parts)} failed ({why}); "
+                    "set train.compile=auto or never to train eagerly"
+                ) from failure
+            log.warning("train.compile=auto: compiling the frozen parts failed (%s); training eagerly", why)
+            return {**out, "reason": f"compile failed: {why}"[:300]}
         out.update(compiled=True, compile_s=round(compile_s, 2))
-        if eager_s is None:
+        if cfg.compile == "always":
             return {**out, "reason": "train.compile=always"}
-        compiled_s = self._time_prefix(batch)
-        summed = self.rt.all_reduce_sum(torch.tensor([eager_s, compiled_s], dtype=torch.float64))
-        keep = bool(summed[1] < summed[0])
+        keep = bool(summed[2] < (1 - AUTO_COMPILE_MARGIN) * summed[1])
         out.update(eager_ms=round(eager_s * 1000, 2), compiled_ms=round(compiled_s * 1000, 2), compiled=keep)
         if not keep:
-            backbone._eager_or_frozen.clear()
-            backbone.drop_compiled()
+            backbone.drop_frozen_compiled()
         log.info("train.compile=auto: frozen %s, eager %.1f ms vs compiled %.1f ms: %s", "+".join(parts),
                  eager_s * 1000, compiled_s * 1000, "compiled" if keep else "eager")  # fmt: skip
         return {**out, "reason": "measured"}
@@ -469,10 +495,14 @@ class Trainer:
                 t0 = time.perf_counter()
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
                 wait = time.perf_counter() - t0
-                if self.compiled is None:
-                    self.compiled = self._decide_compile(micro[0])
-                    if self.compiled["parts"]:
-                        logger.event(self.step, "compile", **self.compiled)
+                if self.compile_decision is None:
+                    deciding = time.perf_counter()
+                    self.compile_decision = self._decide_compile(micro[0])
+                    t0 += (
+                        time.perf_counter() - deciding
+                    )  # a one-off, reported by its event: not the step's time
+                    if self.compile_decision["parts"]:
+                        logger.event(self.step, "compile", **self.compile_decision)
                 metrics = self._train_step(micro)
                 self.step += 1
                 self.samples_seen += self.global_batch
@@ -570,7 +600,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "strategy": rt.strategy,
                 "cpu_bf16_attention": cpu_bf16_kernel_choices(),
-                "compile_frozen": self.compiled,
+                "compile_frozen": self.compile_decision,
             }
             ckpt.write_trainer_meta(tmp, meta, self.config)
             final = ckpt.publish(self.run_dir, step)
