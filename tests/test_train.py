@@ -477,3 +477,42 @@ def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(
     a, b = weights(straight.last_checkpoint), weights(latest_complete(tmp_path / "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["loss"] for r in metrics(tmp_path / "resumed")][-2:] == losses["straight"][-2:]
+
+
+def test_auto_compile_measures_and_a_failed_compile_trains_eagerly(
+    wx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train.compile=auto`` (its step threshold lowered for the test) times eager and compiled on the first batch
+    and keeps the graphs only when they win by the margin; when compiling fails, ``auto`` trains eagerly and says
+    why, ``always`` stops with an error naming the setting."""
+    import vla.train.trainer
+    from vla.train.config import AUTO_COMPILE_MARGIN
+
+    monkeypatch.setattr(vla.train.trainer, "AUTO_COMPILE_MIN_STEPS", 1)
+    frozen = ("model.backbone.freeze_vision=true", "model.backbone.freeze_language=true")
+
+    def compile_events(name: str) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if r.get("event") == "compile"]
+
+    train(load_train_config("debug", _args(wx, *frozen, steps=2, save_every=2)), tmp_path / "auto")
+    (event,) = compile_events("auto")
+    assert event["reason"] == "measured" and event["eager_ms"] > 0 and event["compiled_ms"] > 0
+    assert event["compiled"] == (event["compiled_ms"] < (1 - AUTO_COMPILE_MARGIN) * event["eager_ms"])
+
+    def broken(fn: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no graph for you")
+
+    monkeypatch.setattr(vla.train.trainer, "frozen_compile", broken)
+    done = train(load_train_config("debug", _args(wx, *frozen, steps=2, save_every=2)), tmp_path / "fallback")
+    (event,) = compile_events("fallback")
+    assert (
+        not event["compiled"] and "no graph for you" in event["reason"] and done.last_checkpoint is not None
+    )
+    with pytest.raises(
+        RuntimeError, match=r"train\.compile=always: compiling the frozen vision\+language failed"
+    ):
+        train(
+            load_train_config("debug", _args(wx, *frozen, "train.compile=always", steps=2, save_every=2)),
+            tmp_path / "always",
+        )

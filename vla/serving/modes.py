@@ -124,6 +124,11 @@ def select_mode(
     return best.mode, trials
 
 
+def time_forward(policy: Policy) -> float:
+    """Seconds of one batch-1 forward pass in the policy's current mode (after a warm-up call)."""
+    return _time(policy, [1], repeats=1)[1]
+
+
 def _prepare(policy: Policy, mode: Mode) -> None:
     policy.model.prepare_inference(mode.dtype, compile=mode.compile)
 

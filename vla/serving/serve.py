@@ -102,7 +102,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from vla.policy import Policy
     from vla.serving.batching import ModelThread
-    from vla.serving.modes import candidates, select_mode
+    from vla.serving.modes import candidates, select_mode, time_forward
     from vla.serving.protocol import PROTOCOL_VERSION
     from vla.serving.requests import Limits
     from vla.serving.security import load_api_key
@@ -144,7 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serving_mode={"mode": str(mode), "trials": [t.to_dict() for t in trials]},
         model_thread=model_thread,
         # the kept mode's measured batch-1 pass sizes the adaptive batch window until real batches have run
-        forward_s=next((t.seconds_per_chunk.get(1) for t in trials if t.mode == mode), None),
+        forward_s=next((t.seconds_per_chunk.get(1) for t in trials if t.mode == mode), None)
+        or model_thread.call(time_forward, policy),
     )
 
     def ready(url: str) -> None:
