@@ -314,9 +314,15 @@ def test_real_backbone_presets_build_on_meta_and_report_counts(preset: str) -> N
         assert 95e6 < counts["vision"]["total"] < 100e6 and 190e6 < counts["language"]["total"] < 210e6
         assert counts["vision"]["trainable"] == counts["language"]["trainable"] == 0
         assert 95e6 < counts["expert"]["trainable"] < 105e6  # 720 wide x 16 layers, as SmolVLA's expert
+        # bf16 presets: the frozen backbone's Linear/Conv weights held in bf16 under DDP (train.frozen_bf16)
+        held = plan["frozen_params_held_in_bf16"]
+        assert 0.8 * (95e6 + 190e6) < held < counts["all"]["total"] - counts["all"]["trainable"]
+        gib = (4 * counts["all"]["total"] - 2 * held) / 2**30
+        assert plan["memory_per_gpu_gib"][0]["weights"] == pytest.approx(gib, abs=0.01)
     else:  # PaliGemma2-3B: SigLIP So400m + Gemma2-2B (26 layers), trained end to end
         assert 410e6 < counts["vision"]["total"] < 420e6 and 2.5e9 < counts["language"]["total"] < 2.6e9
         assert counts["all"]["trainable"] == counts["all"]["total"]
+        assert plan["frozen_params_held_in_bf16"] == 0  # nothing frozen
     ddp, fsdp = plan["memory_per_gpu_gib"]
     assert fsdp["total_gib"] < ddp["total_gib"] / 4  # sharded over 8 GPUs
     assert len(plan["embodiments"]) >= 1

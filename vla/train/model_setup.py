@@ -134,12 +134,20 @@ def hold_frozen_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Store the weights of frozen Linear/Conv layers in bf16, for a bf16-autocast run; returns the layers changed.
 
     Autocast casts a layer's float32 weight to bf16 at every call, and caches the cast only for weights that need
-    gradients: a frozen backbone's weights were rounded again on every forward pass (a sixth of a
-    ``bench_smolvla`` training step on CPU). Rounding them once gives the matmuls the very same bf16 operands, so
+    gradients: a frozen backbone's weights were rounded again on every forward pass (about 6 % of a
+    ``bench_smolvla`` bf16 training step on a 2-core AMX Xeon). Rounding them once gives the matmuls the very same bf16 operands, so
     losses and gradients are bit for bit those of the float32-held model, with half the frozen weights' memory.
     Layers sharing a parameter with another module (tied embeddings) and layers with any trainable parameter keep
     float32. Saving goes through ``held_in_float32`` so checkpoints stay float32 tensors, holding the bf16-rounded
     values the run trained with (a pretrained backbone published in bf16 loses nothing)."""
+    held = holdable_in_bf16(model)
+    for module in held:
+        module.to(torch.bfloat16)
+    return held
+
+
+def holdable_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers ``hold_frozen_in_bf16`` would change (also on the meta device, for ``--dry-run``'s memory)."""
     users: dict[int, int] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
@@ -153,7 +161,6 @@ def hold_frozen_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
             and not any(p.requires_grad for p in own)
             and all(users[id(p)] == 1 and p.dtype == torch.float32 for p in own)
         ):
-            module.to(torch.bfloat16)
             held.append(module)
     return held
 

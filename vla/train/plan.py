@@ -35,10 +35,18 @@ class MemoryPlan:
 
 
 def memory_plan(
-    total: int, trainable: int, *, gpus: int, strategy: str, ema: bool, largest_layer: int = 0
+    total: int,
+    trainable: int,
+    *,
+    gpus: int,
+    strategy: str,
+    ema: bool,
+    largest_layer: int = 0,
+    bf16_frozen: int = 0,
 ) -> MemoryPlan:
-    """Training-state bytes per GPU: float32 master weights (4 B/param), float32 gradients (4 B/trainable param;
-    DDP keeps a second copy in its all-reduce buckets), AdamW's two float32 moments (8 B/trainable param), an
+    """Training-state bytes per GPU: float32 master weights (4 B/param; 2 B for the ``bf16_frozen`` frozen
+    Linear/Conv parameters a bf16 run holds in bf16 under DDP, ``train.frozen_bf16``), float32 gradients (4 B/trainable
+    param; DDP keeps a second copy in its all-reduce buckets), AdamW's two float32 moments (8 B/trainable param), an
     optional float32 EMA copy (4 B/trainable param). FSDP2 divides all of it by the number of GPUs and adds the
     gathered working set of two layers."""
     ema_bytes = 4.0 * trainable if ema else 0.0
@@ -53,7 +61,8 @@ def memory_plan(
             ema_bytes * shard,
             2 * 4.0 * largest_layer,
         )
-    return MemoryPlan("ddp", gpus, 4.0 * total, 8.0 * trainable, 8.0 * trainable, ema_bytes, 0.0)
+    weights = 4.0 * total - 2.0 * bf16_frozen
+    return MemoryPlan("ddp", gpus, weights, 8.0 * trainable, 8.0 * trainable, ema_bytes, 0.0)
 
 
 def mixture_embodiments(cfg: TrainConfig) -> list[str]:
@@ -97,14 +106,28 @@ def dry_run(cfg: TrainConfig, embodiments: list[str], *, gpus: int = 8) -> dict[
         default=0,
     )
     total, trainable = counts["all"]["total"], counts["all"]["trainable"]
+    held = 0
+    if cfg.train.precision == "bf16" and cfg.train.frozen_bf16:
+        from vla.train.model_setup import holdable_in_bf16
+
+        held = sum(p.numel() for m in holdable_in_bf16(model) for p in m.parameters(recurse=False))
     plans = [
-        memory_plan(total, trainable, gpus=gpus, strategy=s, ema=cfg.ema.decay > 0, largest_layer=layer)
+        memory_plan(
+            total,
+            trainable,
+            gpus=gpus,
+            strategy=s,
+            ema=cfg.ema.decay > 0,
+            largest_layer=layer,
+            bf16_frozen=held if s == "ddp" else 0,
+        )
         for s in ("ddp", "fsdp2")
     ]
     return {
         "model": cfg.model.backbone.pretrained,
         "embodiments": embodiments,
         "parameters": counts,
+        "frozen_params_held_in_bf16": held,
         "global_batch_per_gpu_count": {n: cfg.data.batch_size * n * cfg.train.grad_accum for n in (1, 8, 32)},
         "memory_per_gpu_gib": [p.as_dict() for p in plans],
         "strategy": cfg.distributed.strategy,
