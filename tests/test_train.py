@@ -475,9 +475,8 @@ def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(
     (never,) = events("eager")
     assert not never["compiled"] and never["reason"] == "train.compile=never"
     run("resumed", "train.compile=always", steps=2)
-    run(
-        "resumed", "train.compile=auto"
-    )  # 2 steps left: auto alone would not compile; the checkpoint's choice wins
+    # 2 steps left: auto alone would not compile; the checkpoint's choice wins
+    run("resumed", "train.compile=auto")
     first, again = events("resumed")
     assert first["compiled"] and again["compiled"] and again["reason"] == "the resumed checkpoint's choice"
     a, b = weights(straight.last_checkpoint), weights(latest_complete(tmp_path / "resumed"))

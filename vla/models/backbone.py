@@ -174,11 +174,6 @@ class VLMBackbone(nn.Module):
         self._encode_pixels, self._run_layers = self.encode_pixels, self.run_layers
         self.train(self.training)
 
-    @property
-    def frozen_compiled(self) -> list[str]:
-        """The functions running as training's compiled frozen graphs (``compile_frozen``)."""
-        return sorted(self._frozen_compiled)
-
     def train(self, mode: bool = True) -> VLMBackbone:
         if mode:  # compiled for serving with frozen weights: drop before weights can change
             self.drop_compiled()

@@ -242,16 +242,8 @@ class MicroBatcher:
                     except Exception as e1:
                         chunks.append(e1)
         seconds = time.perf_counter() - start
-        if not any(
-            isinstance(c, BaseException) for c in chunks
-        ):  # one clean pass (not the one-by-one re-runs)
-            # a one-off stall (GC, a recompile) moves the average by at most 4x its value: the window stays short
-            seconds_avg = seconds if self.forward_s is None else min(seconds, 4 * self.forward_s)
-            self.forward_s = (
-                seconds_avg
-                if self.forward_s is None
-                else _FORWARD_EMA * seconds_avg + (1 - _FORWARD_EMA) * self.forward_s
-            )
+        if not any(isinstance(c, BaseException) for c in chunks):  # a clean pass, not one-by-one re-runs
+            self._observe_forward(seconds)
         if self.metrics is not None:
             self.metrics.inference.observe(seconds)
             self.metrics.batch_size.observe(len(jobs))
@@ -259,6 +251,15 @@ class MicroBatcher:
         for job, chunk in zip(jobs, chunks):
             value = chunk if isinstance(chunk, BaseException) else Result(chunk, seconds * 1000, len(jobs))
             job.loop.call_soon_threadsafe(_resolve, job.future, value)
+
+    def _observe_forward(self, seconds: float) -> None:
+        """Fold one clean pass into the forward-time average; a one-off stall (GC, a recompile) counts as at most
+        4x the average, so the window stays short."""
+        if self.forward_s is None:
+            self.forward_s = seconds
+        else:
+            sample = min(seconds, 4 * self.forward_s)
+            self.forward_s = _FORWARD_EMA * sample + (1 - _FORWARD_EMA) * self.forward_s
 
     def _gauge(self) -> None:
         if self.metrics is not None:

@@ -135,8 +135,9 @@ def hold_frozen_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
 
     Autocast casts a layer's float32 weight to bf16 at every call, and caches the cast only for weights that need
     gradients: a frozen backbone's weights were rounded again on every forward pass (about 6 % of a
-    ``bench_smolvla`` bf16 training step on a 2-core AMX Xeon). Rounding them once gives the matmuls the very same bf16 operands, so
-    losses and gradients are bit for bit those of the float32-held model, with half the frozen weights' memory.
+    ``bench_smolvla`` bf16 training step on a 2-core AMX Xeon). Rounding them once gives the matmuls the very same
+    bf16 operands, so losses and gradients are bit for bit those of the float32-held model, with half the frozen
+    weights' memory.
     Layers sharing a parameter with another module (tied embeddings) and layers with any trainable parameter keep
     float32. Saving goes through ``held_in_float32`` so checkpoints stay float32 tensors, holding the bf16-rounded
     values the run trained with (a pretrained backbone published in bf16 loses nothing)."""

@@ -44,11 +44,11 @@ def memory_plan(
     largest_layer: int = 0,
     bf16_frozen: int = 0,
 ) -> MemoryPlan:
-    """Training-state bytes per GPU: float32 master weights (4 B/param; 2 B for the ``bf16_frozen`` frozen
-    Linear/Conv parameters a bf16 run holds in bf16 under DDP, ``train.frozen_bf16``), float32 gradients (4 B/trainable
-    param; DDP keeps a second copy in its all-reduce buckets), AdamW's two float32 moments (8 B/trainable param), an
-    optional float32 EMA copy (4 B/trainable param). FSDP2 divides all of it by the number of GPUs and adds the
-    gathered working set of two layers."""
+    """Training-state bytes per GPU: float32 master weights (4 B/param; under DDP 2 B for the ``bf16_frozen``
+    frozen Linear/Conv parameters a bf16 run holds in bf16, ``train.frozen_bf16``), float32 gradients
+    (4 B/trainable param; DDP keeps a second copy in its all-reduce buckets), AdamW's two float32 moments
+    (8 B/trainable param), an optional float32 EMA copy (4 B/trainable param). FSDP2 (which holds nothing in bf16)
+    divides all of it by the number of GPUs and adds the gathered working set of two layers."""
     ema_bytes = 4.0 * trainable if ema else 0.0
     if strategy == "fsdp2":
         shard = 1.0 / gpus
@@ -119,7 +119,7 @@ def dry_run(cfg: TrainConfig, embodiments: list[str], *, gpus: int = 8) -> dict[
             strategy=s,
             ema=cfg.ema.decay > 0,
             largest_layer=layer,
-            bf16_frozen=held if s == "ddp" else 0,
+            bf16_frozen=held,
         )
         for s in ("ddp", "fsdp2")
     ]

@@ -496,11 +496,10 @@ class Trainer:
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
                 wait = time.perf_counter() - t0
                 if self.compile_decision is None:
+                    # a one-off, reported by its event: not counted in the step's time
                     deciding = time.perf_counter()
                     self.compile_decision = self._decide_compile(micro[0])
-                    t0 += (
-                        time.perf_counter() - deciding
-                    )  # a one-off, reported by its event: not the step's time
+                    t0 += time.perf_counter() - deciding
                     if self.compile_decision["parts"]:
                         logger.event(self.step, "compile", **self.compile_decision)
                 metrics = self._train_step(micro)
