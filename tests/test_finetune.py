@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import kill_inside_checkpoint, mixture_file, run_cli, tiny_dataset
+from train_helpers import events, kill_inside_checkpoint, mixture_file, run_cli, tiny_dataset
 
 from vla.models.hub import from_pretrained
 from vla.models.run_dir import latest_complete
@@ -297,8 +297,7 @@ def test_rehearsal_replays_the_base_data_with_its_stats(base: tuple[Path, Path],
             "train.val_batches=2", "train.val_at_start=true"]  # fmt: skip
     r = _finetune(base_run, ur5e, tmp_path / "ft", *over)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
-    vals = [e for e in rows if e.get("event") == "validation"]
+    vals = events(tmp_path / "ft", "validation")
     assert [v["step"] for v in vals] == [0, 4], r.stderr[-3000:]
     assert all({"val_loss/widowx_bridge", "val_loss/sim_ur5e"} <= set(v) for v in vals), vals
     before, after = vals[0]["val_loss/widowx_bridge"], vals[-1]["val_loss/widowx_bridge"]

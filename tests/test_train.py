@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 import torch
-from train_helpers import kill_inside_checkpoint, metrics, mixture_file, run_cli, tiny_dataset, weights
+from train_helpers import (
+    events,
+    kill_inside_checkpoint,
+    metrics,
+    mixture_file,
+    run_cli,
+    tiny_dataset,
+    weights,
+)
 
 from vla.config import ConfigError
 from vla.models.run_dir import complete_steps, latest_complete, resolve_checkpoint
@@ -259,8 +267,7 @@ def test_ema_validation_and_wandb_offline(tmp_path: Path, monkeypatch: pytest.Mo
     run = tmp_path / "run"
     over = _args(ds, "ema.decay=0.5", "train.val_every=2", "train.val_batches=2", "logging.wandb=true")
     result = train(load_train_config("debug", over), run)
-    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    vals = [e for e in events if e.get("event") == "validation"]
+    vals = events(run, "validation")
     assert [v["step"] for v in vals] == [2, 4] and all(v["val_loss"] > 0 for v in vals)
     assert list((run / "wandb").glob("offline-run-*")), "no offline wandb run written"
     top = weights(result.last_checkpoint)
@@ -295,8 +302,7 @@ def test_held_out_episodes_are_the_validation_set(tmp_path: Path) -> None:
         ),
         run,
     )
-    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    vals = [e for e in events if e.get("event") == "validation"]
+    vals = events(run, "validation")
     assert [v["step"] for v in vals] == [2, 4] and all(v["val_loss/widowx_bridge"] > 0 for v in vals)
 
 
@@ -453,17 +459,13 @@ def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(
 
     monkeypatch.setattr(vla.train.trainer, "frozen_compile", counted)
 
-    def events(name: str) -> list[dict[str, Any]]:
-        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        return [r for r in rows if r.get("event") == "compile"]
-
     def run(name: str, *over: str, steps: int = 4) -> Any:
         cfg = load_train_config("debug", _args(wx, *frozen, *over, steps=steps, save_every=2))
         return train(cfg, tmp_path / name)
 
     run("eager", "train.compile=never")
     straight = run("straight", "train.compile=always")
-    (event,) = events("straight")
+    (event,) = events(tmp_path / "straight", "compile")
     assert event["parts"] == ["vision", "language"] and event["compiled"]
     # every step ran the graphs (one call each per prefix), after the call that compiled them
     assert ran.count("encode_pixels") == ran.count("run_layers") >= 1 + 4
@@ -472,12 +474,12 @@ def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(
     losses = {n: [r["loss"] for r in metrics(tmp_path / n)] for n in ("eager", "straight")}
     # fused kernels round differently: within 1e-4 in fp32, 2e-3 in bf16 (bf16's own precision is 4e-3)
     assert losses["straight"] == pytest.approx(losses["eager"], rel=1e-4 if precision == "fp32" else 2e-3)
-    (never,) = events("eager")
+    (never,) = events(tmp_path / "eager", "compile")
     assert not never["compiled"] and never["reason"] == "train.compile=never"
     run("resumed", "train.compile=always", steps=2)
     # 2 steps left: auto alone would not compile; the checkpoint's choice wins
     run("resumed", "train.compile=auto")
-    first, again = events("resumed")
+    first, again = events(tmp_path / "resumed", "compile")
     assert first["compiled"] and again["compiled"] and again["reason"] == "the resumed checkpoint's choice"
     a, b = weights(straight.last_checkpoint), weights(latest_complete(tmp_path / "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -496,12 +498,8 @@ def test_auto_compile_measures_and_a_failed_compile_trains_eagerly(
     monkeypatch.setattr(vla.train.trainer, "AUTO_COMPILE_MIN_STEPS", 1)
     frozen = ("model.backbone.freeze_vision=true", "model.backbone.freeze_language=true")
 
-    def compile_events(name: str) -> list[dict[str, Any]]:
-        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        return [r for r in rows if r.get("event") == "compile"]
-
     train(load_train_config("debug", _args(wx, *frozen, steps=2, save_every=2)), tmp_path / "auto")
-    (event,) = compile_events("auto")
+    (event,) = events(tmp_path / "auto", "compile")
     assert event["reason"] == "measured" and event["eager_ms"] > 0 and event["compiled_ms"] > 0
     assert event["compiled"] == (event["compiled_ms"] < (1 - AUTO_COMPILE_MARGIN) * event["eager_ms"])
 
@@ -510,7 +508,7 @@ def test_auto_compile_measures_and_a_failed_compile_trains_eagerly(
 
     monkeypatch.setattr(vla.train.trainer, "frozen_compile", broken)
     done = train(load_train_config("debug", _args(wx, *frozen, steps=2, save_every=2)), tmp_path / "fallback")
-    (event,) = compile_events("fallback")
+    (event,) = events(tmp_path / "fallback", "compile")
     assert (
         not event["compiled"] and "no graph for you" in event["reason"] and done.last_checkpoint is not None
     )

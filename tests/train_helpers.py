@@ -96,9 +96,18 @@ def weights(step_dir: Path) -> dict:
     return load_file(str(step_dir / "model.safetensors"))
 
 
+def _metrics_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def metrics(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r]
+    """The logged training steps of a run (``metrics.jsonl`` rows with a loss)."""
+    return [r for r in _metrics_rows(run_dir) if "loss" in r]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    """The run's ``name`` events (``validation``, ``compile``, ...) from ``metrics.jsonl``, in order."""
+    return [r for r in _metrics_rows(run_dir) if r.get("event") == name]
 
 
 def free_port() -> int:
