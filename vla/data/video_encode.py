@@ -47,8 +47,16 @@ def available_encoder(vcodec: str) -> str:
 def encoder_options(
     encoder: str, gop: int = DEFAULT_GOP, crf: int = DEFAULT_CRF, preset: int | str | None = None
 ) -> dict[str, str]:
-    """Codec options mirroring LeRobot's ``VideoEncoderConfig.get_codec_options`` for the same settings."""
+    """Codec options mirroring LeRobot's ``VideoEncoderConfig.get_codec_options`` for the same settings.
+
+    One addition: libx264's macroblock-tree rate control is off (``mbtree=0``). With it, x264 reads uninitialized
+    memory on some frame sizes (seen at 32, 48, 80 and 96 px), so the same frames encode to different bytes from
+    run to run, and a resumed ``vla sim generate`` or conversion would not reproduce the uninterrupted output. The
+    codec headers stay the same (``stream_signature``), so datasets encoded before still take appended episodes.
+    """
     opts = {"g": str(gop), "crf": str(crf)}
+    if encoder == "libx264":
+        opts["mbtree"] = "0"
     if encoder == "libsvtav1":
         opts |= {"preset": str(12 if preset is None else preset), "svtav1-params": "fast-decode=0"}
     elif encoder == "libaom-av1":
