@@ -158,6 +158,29 @@ def test_same_frames_same_bytes_whatever_the_heap_holds(tmp_path: Path, vcodec: 
         assert out[size, "85"] == out[size, "170"], f"{vcodec} at {size} px depends on uninitialized memory"
 
 
+def test_x264_without_mbtree_keeps_the_codec_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Episodes encoded before ``mbtree=0`` (x264's default rate control) have the same codec headers as new ones,
+    so a dataset written before still takes appended episodes by stream copy."""
+    from vla.data import video_encode
+
+    frames = [frame_code_image(0, i, 0, 48, 64) for i in range(6)]
+    video.encode_video(frames, tmp_path / "new.mp4", 10, vcodec="h264")
+    current = video_encode.encoder_options
+    monkeypatch.setattr(
+        video_encode,
+        "encoder_options",
+        lambda *a, **k: {o: v for o, v in current(*a, **k).items() if o != "mbtree"},
+    )
+    video.encode_video(frames, tmp_path / "old.mp4", 10, vcodec="h264")
+    assert (tmp_path / "old.mp4").read_bytes() != (
+        tmp_path / "new.mp4"
+    ).read_bytes()  # the options did differ
+    assert video.stream_signature(tmp_path / "old.mp4") == video.stream_signature(tmp_path / "new.mp4")
+    starts = video.concat_videos([tmp_path / "old.mp4", tmp_path / "new.mp4"], tmp_path / "both.mp4")
+    out = video.decode_frames(tmp_path / "both.mp4", [starts[1] + i / 10 for i in range(6)], 0.05)
+    assert [decode_frame_code(im)[:2] for im in out] == [(0, i) for i in range(6)]
+
+
 @pytest.mark.parametrize(("vcodec", "gop"), [("av1", 2), ("h264", 2), ("h264", 30)])
 def test_cut_video_inverts_concat_without_reencoding(tmp_path: Path, vcodec: str, gop: int) -> None:
     """Each part cut back out of the concatenation holds the part's packets unchanged (so the same frames); a
