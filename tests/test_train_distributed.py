@@ -3,12 +3,11 @@ batch; FSDP2 shards, saves a consolidated model and a reshardable train state th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import metrics, run_cli, tiny_dataset, torchrun, weights
+from train_helpers import events, metrics, run_cli, tiny_dataset, torchrun, weights
 
 from vla.models.run_dir import latest_complete
 
@@ -80,8 +79,7 @@ def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None
     ]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
-    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    start = next(e for e in events if e.get("event") == "start")
+    start = events(run, "start")[0]
     assert start["processes"] == 2 and start["strategy"] == "ddp" and start["global_batch"] == 4
     assert latest_complete(run).name == "step-0000002"
 
@@ -97,8 +95,7 @@ def test_fsdp2_two_processes_save_and_one_process_resumes(
     fsdp = ["data.batch_size=2", "distributed.strategy=fsdp2"]
     r = torchrun(["train", "debug", "--run-dir", str(run), *_sets(wx, *fsdp)])
     assert r.returncode == 0, r.stderr[-3000:]
-    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert next(e for e in events if e.get("event") == "start")["strategy"] == "fsdp2"
+    assert events(run, "start")[0]["strategy"] == "fsdp2"
     _same_steps(one_process, run)
     step3 = latest_complete(run)
     model = from_pretrained(step3)  # one consolidated file, plain tensors
