@@ -131,10 +131,14 @@ def _finetune(r: dict) -> list[Row]:
 
 
 def _serve(r: dict) -> list[Row]:
+    mode = _get(r, "serving_mode", "micro_batched", "mode")  # the server's own choice (--dtype auto)
+    if mode is None and _get(r, "config", "dtype"):
+        mode = f"{r['config']['dtype']} {'compiled' if _get(r, 'config', 'compile') else 'eager'}"
     return [
         _row("serving: protocol overhead per request, p99", "ms", _get(r, "protocol_overhead_ms", "p99"),
              better="lower", note="target 5 ms"),
-        _row("serving: micro-batching gain at 8 clients", "x", _get(r, "speedup_8_clients"), note="target 2x"),
+        _row("serving: micro-batching gain at 8 clients", "x", _get(r, "speedup_8_clients"),
+             note="target 2x" + (f"; {mode}" if mode else "")),
         _row("serving: one request end to end, p50", "ms", _get(r, "latency", "end_to_end", "p50_ms"),
              _get(r, "peer_lerobot", "end_to_end_ms", "p50"), better="lower",
              note="vla serve (WebSocket) vs LeRobot's gRPC policy server, same model config"),
@@ -188,30 +192,57 @@ EXTRACT: dict[str, Callable[[dict], list[Row]]] = {
 }
 
 
+def _result_files(name: str, results: Path) -> list[Path]:
+    """``<name>_<YYYY-MM-DD>[_<cpu>].json``, oldest first (dates sort as text)."""
+    return sorted(p for p in results.glob(f"{name}_*.json") if p.stem.removeprefix(f"{name}_")[:4].isdigit())
+
+
 def newest_result(name: str, results: Path = RESULTS) -> Path | None:
-    """The newest ``<name>_<YYYY-MM-DD>.json`` (dates sort as text)."""
-    files = sorted(p for p in results.glob(f"{name}_*.json") if p.stem.removeprefix(f"{name}_")[:4].isdigit())
+    """The newest ``<name>_<YYYY-MM-DD>[_<cpu>].json``."""
+    files = _result_files(name, results)
     return files[-1] if files else None
 
 
+def _cpu_of(r: dict[str, Any]) -> str:
+    return r.get("cpu_model") or r.get("cpu") or _get(r, "peer_lerobot", "cpu_model") or "not recorded"
+
+
+def cpu_slug(cpu_model: str) -> str:
+    """``"AMD EPYC"`` -> ``"amd-epyc"``: the suffix that keeps one day's results of two CPU families apart."""
+    return "-".join("".join(c if c.isalnum() else " " for c in cpu_model.lower()).split()) or "unknown-cpu"
+
+
+def _entry(
+    name: str, path: Path, r: dict[str, Any], extract: Callable[[dict], list[dict[str, Any]]]
+) -> dict[str, Any]:
+    return {
+        "file": path.name,
+        "cpu_model": _cpu_of(r),
+        "started": r.get("started") or path.stem.removeprefix(f"{name}_")[:10],
+        "matmul_peak_tflops": r.get("matmul_peak"),
+        "rows": extract(r),
+    }
+
+
 def summarize(results: Path = RESULTS, runs: dict[str, dict] | None = None) -> dict[str, Any]:
-    """Headline rows of the newest result of every benchmark, plus the machines they ran on and their limits."""
+    """Headline rows of the newest result of every benchmark, plus the machines they ran on and their limits.
+
+    Kernels and ratios differ between CPU families, so a newer result on one CPU does not replace the newest on
+    another: ``other_cpus`` holds, newest first, the newest result of every other CPU model found."""
     out: dict[str, Any] = {"summarized": date.today().isoformat(), "benchmarks": {}}
     for name, extract in EXTRACT.items():
-        path = newest_result(name, results)
         entry: dict[str, Any] = {"run": (runs or {}).get(name)}
-        if path is None:
+        newest_per_cpu: dict[str, tuple[Path, dict[str, Any]]] = {}
+        for path in reversed(_result_files(name, results)):
+            r = json.loads(path.read_text())
+            if isinstance(r, dict) and r:
+                newest_per_cpu.setdefault(_cpu_of(r), (path, r))
+        if not newest_per_cpu:
             entry |= {"file": None, "rows": [], "missing": f"no {name}_<date>.json in {results}"}
         else:
-            r = json.loads(path.read_text())
-            peer_cpu = _get(r, "peer_lerobot", "cpu_model")
-            entry |= {
-                "file": path.name,
-                "cpu_model": r.get("cpu_model") or r.get("cpu") or peer_cpu or "not recorded",
-                "started": r.get("started") or path.stem.rsplit("_", 1)[-1],
-                "matmul_peak_tflops": r.get("matmul_peak"),
-                "rows": extract(r),
-            }
+            first, *others = newest_per_cpu.values()
+            entry |= _entry(name, *first, extract)
+            entry["other_cpus"] = [_entry(name, path, r, extract) for path, r in others]
         out["benchmarks"][name] = entry
     return out
 
@@ -241,18 +272,19 @@ def markdown(summary: dict[str, Any]) -> str:
         if not entry["rows"]:
             lines.append(f"| {name} | {entry.get('missing', 'no rows')} | | | | | | |")
             continue
-        where = f"{entry['cpu_model']}, {str(entry['started'])[:10]}"
-        for row in entry["rows"]:
-            ratio = f"{row['times_better']:.2f}" if row["times_better"] else "—"
-            lines.append(
-                f"| {name} | {row['what']} | {row['unit']} | {_fmt(row['ours'])} | {_fmt(row['peer'])} | {ratio} "
-                f"| {row['note']} | {where} |"
-            )
-        if peak := entry.get("matmul_peak_tflops"):
-            limits.append(
-                f"- {name} ({where}): matmul peak fp32 {_fmt(peak.get('fp32_tflops'))} TFLOP/s, "
-                f"bf16 {_fmt(peak.get('bf16_tflops'))} TFLOP/s"
-            )
+        for result in (entry, *entry.get("other_cpus", [])):
+            where = f"{result['cpu_model']}, {str(result['started'])[:10]}"
+            for row in result["rows"]:
+                ratio = f"{row['times_better']:.2f}" if row["times_better"] else "—"
+                lines.append(
+                    f"| {name} | {row['what']} | {row['unit']} | {_fmt(row['ours'])} | {_fmt(row['peer'])} "
+                    f"| {ratio} | {row['note']} | {where} |"
+                )
+            if peak := result.get("matmul_peak_tflops"):
+                limits.append(
+                    f"- {name} ({where}): matmul peak fp32 {_fmt(peak.get('fp32_tflops'))} TFLOP/s, "
+                    f"bf16 {_fmt(peak.get('bf16_tflops'))} TFLOP/s"
+                )
     if limits:
         lines += ["", "Machine limits measured in the same runs:", "", *limits]
     failed = [f"- {n}: exit {e['run']['returncode']}" for n, e in summary["benchmarks"].items()
@@ -262,10 +294,27 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def result_path(name: str, day: str, cpu_model: str, results: Path = RESULTS) -> Path:
+    """``results/<name>_<day>.json``, or ``<name>_<day>_<cpu>.json`` where that day's file is another CPU's result
+    (a rerun on the same CPU replaces its own file; another CPU's is kept)."""
+    plain = results / f"{name}_{day}.json"
+    if plain.exists():
+        try:
+            other = _cpu_of(json.loads(plain.read_text())) != cpu_model
+        except (json.JSONDecodeError, AttributeError):
+            other = False
+        if other:
+            return results / f"{name}_{day}_{cpu_slug(cpu_model)}.json"
+    return plain
+
+
 def run_benchmark(name: str, skip_peer: bool, day: str, results: Path = RESULTS) -> dict[str, Any]:
-    """Run one benchmark script into ``results/<name>_<day>.json``; its exit code, wall time and output tail."""
+    """Run one benchmark script into ``result_path``; its exit code, wall time and output tail."""
+    from harness import cpu_model
+
     script, extra, has_peer = BENCHMARKS[name]
-    cmd = [sys.executable, str(HERE / script), *extra, "--out", str(results / f"{name}_{day}.json")]
+    out = result_path(name, day, cpu_model(), results)
+    cmd = [sys.executable, str(HERE / script), *extra, "--out", str(out)]
     if skip_peer and has_peer:
         cmd.append("--skip-peer")
     print(f"$ {' '.join(cmd)}", flush=True)

@@ -62,6 +62,47 @@ def test_summary_of_the_committed_results(tmp_path: Path) -> None:
     assert "matmul peak fp32" in table
 
 
+def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
+    """Ratios differ between CPU families: a newer run on one CPU must not hide the newest run on another, and a
+    second CPU's run on the same day must not overwrite the first's file."""
+    run_all = _run_all()
+    committed = json.loads(run_all.newest_result("train").read_text())
+
+    def result(day: str, cpu: str, fp32_ratio: float) -> dict:
+        r = json.loads(json.dumps(committed))
+        r["started"], r["cpu_model"] = f"{day}T12:00:00", cpu
+        r["ours"]["fp32"]["samples_per_s"] = 10.0 * fp32_ratio
+        r["peer_lerobot"]["fp32"]["samples_per_s"] = 10.0
+        return r
+
+    results = tmp_path / "results"
+    results.mkdir()
+    files = {
+        "train_2030-01-01.json": result("2030-01-01", "Intel(R) Xeon(R) Processor", 1.1),  # older, same CPU
+        "train_2030-01-02.json": result("2030-01-02", "Intel(R) Xeon(R) Processor", 1.2),
+        "train_2030-01-02_amd-epyc.json": result("2030-01-02", "AMD EPYC", 1.3),
+    }
+    for name, r in files.items():
+        (results / name).write_text(json.dumps(r))
+    train = run_all.summarize(results)["benchmarks"]["train"]
+    assert (train["file"], train["cpu_model"]) == ("train_2030-01-02_amd-epyc.json", "AMD EPYC")
+    assert train["rows"][0]["times_better"] == pytest.approx(1.3)
+    assert [(o["file"], o["cpu_model"]) for o in train["other_cpus"]] == [
+        ("train_2030-01-02.json", "Intel(R) Xeon(R) Processor")
+    ]
+    assert train["other_cpus"][0]["rows"][0]["times_better"] == pytest.approx(1.2)
+    table = run_all.markdown(run_all.summarize(results))
+    assert "AMD EPYC, 2030-01-02 |" in table and "Intel(R) Xeon(R) Processor, 2030-01-02 |" in table
+    assert "Intel(R) Xeon(R) Processor, 2030-01-01" not in table
+
+    assert run_all.cpu_slug("Intel(R) Xeon(R) Processor") == "intel-r-xeon-r-processor"
+    xeon, epyc = "Intel(R) Xeon(R) Processor", "AMD EPYC"
+    assert run_all.result_path("train", "2030-01-02", xeon, results).name == "train_2030-01-02.json"  # rerun
+    assert run_all.result_path("train", "2030-01-02", epyc, results).name == "train_2030-01-02_amd-epyc.json"
+    new_day = run_all.result_path("train", "2030-01-03", epyc, results)
+    assert new_day.name == "train_2030-01-03.json"
+
+
 def test_a_missing_benchmark_result_is_named(tmp_path: Path) -> None:
     run_all = _run_all()
     summary = run_all.summarize(tmp_path)
