@@ -12,7 +12,9 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
 * ``throughput``: chunks/s with 1, 4 and 8 concurrent clients (each sends ``--per-client`` requests, the next when
   it has its answer)
   against a micro-batching server (``--max-batch 8``) and a one-at-a-time server (``--max-batch 1``, what openpi
-  ships); ``speedup_8_clients`` is their ratio.
+  ships); ``speedup_8_clients`` is their ratio. ``--dtype auto`` leaves the mode (weights dtype x compiled graphs)
+  to each server, as ``vla serve`` without ``--dtype``/``--compile`` runs: it times its candidates at warm-up and
+  keeps the fastest within the accuracy bound; ``serving_mode`` records each server's choice and trials.
 
 * ``peer_lerobot``: LeRobot 0.6.1's own policy server (``lerobot.async_inference.policy_server``, gRPC, pickle on
   the wire) at the peer's SmolVLA config, same cameras and state, timed the same way: one client's per-request
@@ -20,7 +22,8 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   ``$PEER_VENV`` from ``../shared/peer``, which needs LeRobot's async extras: ``$PEER_VENV/bin/pip install
   "grpcio>=1.73.1,<2" "protobuf>=6.31.1,<8"``). Run after ours, on the same quiet machine; ``--skip-peer`` skips it.
 
-    .venv/bin/python benchmarks/serve.py [--requests 12] [--per-client 4] [--dtype float32] [--compile] [--out FILE]
+    .venv/bin/python benchmarks/serve.py [--requests 12] [--per-client 4] [--dtype float32|bfloat16|auto] [--compile]
+                                         [--out FILE]
 """
 
 from __future__ import annotations
@@ -106,8 +109,9 @@ class Server:
     def __init__(
         self, ckpt: Path, max_batch: int, dtype: str, compile: bool, window_ms: str | None = None
     ) -> None:
-        cmd = [sys.executable, "-m", "vla.cli", "serve", str(ckpt), "--port", "0", "--max-batch", str(max_batch),
-               "--dtype", dtype, "--compile" if compile else "--no-compile"]  # fmt: skip
+        cmd = [sys.executable, "-m", "vla.cli", "serve", str(ckpt), "--port", "0", "--max-batch", str(max_batch)]  # fmt: skip
+        if dtype != "auto":  # auto: the server times its candidate modes at warm-up and keeps the fastest
+            cmd += ["--dtype", dtype, "--compile" if compile else "--no-compile"]
         if window_ms is not None:
             cmd += ["--batch-window-ms", window_ms]
         self.log = Path(tempfile.mkdtemp()) / "serve.log"
@@ -122,6 +126,14 @@ class Server:
     def stop(self) -> int:
         self.proc.terminate()
         return self.proc.wait(60)
+
+
+def serving_mode(url: str) -> dict:
+    """The mode the server runs (``"<dtype> compiled|eager"``) and the trials it chose it from (its metadata)."""
+    from vla.serving.client import WebsocketClient
+
+    with WebsocketClient(url, timeout=300) as client:
+        return client.metadata["serving_mode"]
 
 
 def latency(url: str, n: int) -> dict:
@@ -189,8 +201,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=12, help="latency: sequential requests measured")
     ap.add_argument("--per-client", type=int, default=4, help="throughput: requests each client sends")
     ap.add_argument("--clients", default="1,4,8")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
+                    help="auto: the servers' defaults (each times its candidate modes at warm-up and keeps the "
+                         "fastest); in process then runs the micro-batching server's choice")  # fmt: skip
+    ap.add_argument("--compile", action="store_true", help="(with --dtype float32|bfloat16)")
     ap.add_argument("--batch-window-ms", default=None, metavar="MS|auto",
                     help="vla serve --batch-window-ms of both servers (default: the server's, auto)")  # fmt: skip
     ap.add_argument("--out", default="")
@@ -200,7 +214,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_checkpoint(Path(tmp) / "bench_smolvla")
-        progress("checkpoint written; timing Policy.infer in process")
+        progress("checkpoint written")
         result: dict = {
             "benchmark": "serve",
             "started": started,
@@ -218,13 +232,17 @@ def main() -> None:
                 "batch_window_ms": args.batch_window_ms or "auto (the server's default)",
                 "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
             },
-            "in_process": in_process(ckpt, args.dtype, args.compile, args.requests),
         }
+        if args.dtype != "auto":
+            progress("timing Policy.infer in process")
+            result["in_process"] = in_process(ckpt, args.dtype, args.compile, args.requests)
         clients = [int(c) for c in args.clients.split(",")]
         for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
             progress(f"starting vla serve --max-batch {max_batch}")
             server = Server(ckpt, max_batch, args.dtype, args.compile, args.batch_window_ms)
             try:
+                result.setdefault("serving_mode", {})[name] = serving_mode(server.url)
+                progress(f"{name}: the server runs {result['serving_mode'][name]['mode']}")
                 if name == "micro_batched":
                     progress("latency: one client, requests back to back")
                     result["latency"] = latency(server.url, args.requests)
@@ -235,6 +253,10 @@ def main() -> None:
                     )
             finally:
                 result.setdefault("server_exit_codes", {})[name] = server.stop()
+        if args.dtype == "auto":  # the same mode in process as the micro-batching server measured and kept
+            dtype, how = result["serving_mode"]["micro_batched"]["mode"].split()
+            progress(f"timing Policy.infer in process ({dtype} {how})")
+            result["in_process"] = in_process(ckpt, dtype, how == "compiled", args.requests)
     lat = result["latency"]
     result["protocol_overhead_ms"] = {
         "p50": lat["overhead"]["p50_ms"],
