@@ -204,6 +204,7 @@ def newest_result(name: str, results: Path = RESULTS) -> Path | None:
 
 
 def _cpu_of(r: dict[str, Any]) -> str:
+    """The CPU model a result recorded (older files: under ``cpu`` or the peer's section)."""
     return r.get("cpu_model") or r.get("cpu") or _get(r, "peer_lerobot", "cpu_model") or "not recorded"
 
 
@@ -234,7 +235,10 @@ def summarize(results: Path = RESULTS, runs: dict[str, dict] | None = None) -> d
         entry: dict[str, Any] = {"run": (runs or {}).get(name)}
         newest_per_cpu: dict[str, tuple[Path, dict[str, Any]]] = {}
         for path in reversed(_result_files(name, results)):
-            r = json.loads(path.read_text())
+            try:
+                r = json.loads(path.read_text())
+            except (ValueError, OSError):  # an interrupted write: skip it (its CPU's older result stands)
+                continue
             if isinstance(r, dict) and r:
                 newest_per_cpu.setdefault(_cpu_of(r), (path, r))
         if not newest_per_cpu:
@@ -300,8 +304,9 @@ def result_path(name: str, day: str, cpu_model: str, results: Path = RESULTS) ->
     plain = results / f"{name}_{day}.json"
     if plain.exists():
         try:
-            other = _cpu_of(json.loads(plain.read_text())) != cpu_model
-        except (json.JSONDecodeError, AttributeError):
+            r = json.loads(plain.read_text())
+            other = isinstance(r, dict) and bool(r) and _cpu_of(r) != cpu_model
+        except (ValueError, OSError):  # unreadable: replaced, as before
             other = False
         if other:
             return results / f"{name}_{day}_{cpu_slug(cpu_model)}.json"

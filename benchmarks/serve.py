@@ -14,7 +14,8 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   against a micro-batching server (``--max-batch 8``) and a one-at-a-time server (``--max-batch 1``, what openpi
   ships); ``speedup_8_clients`` is their ratio. ``--dtype auto`` leaves the mode (weights dtype x compiled graphs)
   to each server, as ``vla serve`` without ``--dtype``/``--compile`` runs: it times its candidates at warm-up and
-  keeps the fastest within the accuracy bound; ``serving_mode`` records each server's choice and trials.
+  keeps the fastest within the accuracy bound (the micro-batching server measures; the one-at-a-time server then runs
+  the same mode, so the speedup compares batching alone); ``serving_mode`` records each server's mode and trials.
 
 * ``peer_lerobot``: LeRobot 0.6.1's own policy server (``lerobot.async_inference.policy_server``, gRPC, pickle on
   the wire) at the peer's SmolVLA config, same cameras and state, timed the same way: one client's per-request
@@ -90,8 +91,10 @@ def request(i: int) -> dict:
 
 def in_process(ckpt: Path, dtype: str, compile: bool, n: int) -> dict:
     from vla.policy import Policy
+    from vla.runtime import tune_allocator
     from vla.types import Observation
 
+    tune_allocator()  # as `vla serve` does at start-up (VLA_MALLOC_TUNING)
     policy = Policy.from_checkpoint(ckpt, dtype=dtype, compile=compile)
     times = []
     for i in range(n + 2):
@@ -128,8 +131,9 @@ class Server:
         return self.proc.wait(60)
 
 
-def serving_mode(url: str) -> dict:
-    """The mode the server runs (``"<dtype> compiled|eager"``) and the trials it chose it from (its metadata)."""
+def serving_mode(url: str) -> dict[str, object]:
+    """The server's metadata ``serving_mode``: the mode it runs (``"<dtype> compiled|eager"``) and, where it
+    measured, the trials it chose it from."""
     from vla.serving.client import WebsocketClient
 
     with WebsocketClient(url, timeout=300) as client:
@@ -210,6 +214,8 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--skip-peer", action="store_true", help="skip LeRobot's gRPC policy server")
     args = ap.parse_args()
+    if args.dtype == "auto" and args.compile:
+        ap.error("--compile goes with --dtype float32|bfloat16; with --dtype auto the server chooses it")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,21 +234,28 @@ def main() -> None:
                 "chunk": 50,
                 "flow_steps": 10,
                 "dtype": args.dtype,
-                "compile": args.compile,
+                "compile": None if args.dtype == "auto" else args.compile,
                 "batch_window_ms": args.batch_window_ms or "auto (the server's default)",
                 "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+                # vla.runtime's allocator tuning, on for the server and in process unless "0"
+                "allocator_tuning": os.environ.get("VLA_MALLOC_TUNING", "1"),
             },
         }
         if args.dtype != "auto":
             progress("timing Policy.infer in process")
             result["in_process"] = in_process(ckpt, args.dtype, args.compile, args.requests)
         clients = [int(c) for c in args.clients.split(",")]
+        dtype, compiled = args.dtype, args.compile
         for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
             progress(f"starting vla serve --max-batch {max_batch}")
-            server = Server(ckpt, max_batch, args.dtype, args.compile, args.batch_window_ms)
+            server = Server(ckpt, max_batch, dtype, compiled, args.batch_window_ms)
             try:
                 result.setdefault("serving_mode", {})[name] = serving_mode(server.url)
                 progress(f"{name}: the server runs {result['serving_mode'][name]['mode']}")
+                # the one-at-a-time server runs the same mode: the speedup compares batching alone
+                if dtype == "auto":
+                    dtype, how = result["serving_mode"][name]["mode"].split()
+                    compiled = how == "compiled"
                 if name == "micro_batched":
                     progress("latency: one client, requests back to back")
                     result["latency"] = latency(server.url, args.requests)

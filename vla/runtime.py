@@ -7,8 +7,9 @@ activation tensors of a few MB, so the same memory is faulted in again and again
 ~30,000 page faults per bf16 training step at the ``bench_smolvla`` config (batch 8) and ~4,600 per fp32 action
 chunk, at ~2 us each. Keeping freed memory in the process (the effect of the jemalloc/tcmalloc preloads PyTorch's
 CPU tuning guide recommends, without a new dependency) removes nearly all of them (training step and chunk ~5 %
-faster there; README, Benchmarks); the price is that the process's resident memory stays at its peak instead of
-shrinking between steps.
+faster there against glibc's initial thresholds, within that VM's run-to-run noise; README, Benchmarks); the price
+is that the process keeps freed memory (resident memory stays at about its peak, more with fragmentation) instead
+of returning it between steps, in forked loader workers too.
 
 ``VLA_MALLOC_TUNING=0`` leaves the allocator as it is. Elsewhere than on glibc this does nothing.
 """
@@ -16,7 +17,6 @@ shrinking between steps.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import sys
@@ -44,7 +44,7 @@ def tune_allocator() -> dict[str, int] | None:
     if off or not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")  # (find_library would start a subprocess on every command)
         mallopt = libc.mallopt
         libc.gnu_get_libc_version  # noqa: B018 (an AttributeError off glibc, e.g. musl)
     except (OSError, AttributeError):
@@ -56,7 +56,7 @@ def tune_allocator() -> dict[str, int] | None:
         or mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1
         or mallopt(M_TOP_PAD, TOP_PAD) != 1
     ):
-        log.warning("glibc refused the allocator settings (mallopt); %s left as it was", ENV)
+        log.warning("glibc refused a mallopt setting: the allocator is not (or only partly) tuned")
         return None
     _applied = {"mmap_threshold": threshold, "trim_threshold": TRIM_THRESHOLD, "top_pad": TOP_PAD}
     log.debug("allocator: %s", _applied)
