@@ -197,12 +197,6 @@ def _result_files(name: str, results: Path) -> list[Path]:
     return sorted(p for p in results.glob(f"{name}_*.json") if p.stem.removeprefix(f"{name}_")[:4].isdigit())
 
 
-def newest_result(name: str, results: Path = RESULTS) -> Path | None:
-    """The newest ``<name>_<YYYY-MM-DD>[_<cpu>].json``."""
-    files = _result_files(name, results)
-    return files[-1] if files else None
-
-
 def _cpu_of(r: dict[str, Any]) -> str:
     """The CPU model a result recorded (older files: under ``cpu`` or the peer's section)."""
     return r.get("cpu_model") or r.get("cpu") or _get(r, "peer_lerobot", "cpu_model") or "not recorded"

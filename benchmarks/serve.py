@@ -266,10 +266,9 @@ def main() -> None:
                     )
             finally:
                 result.setdefault("server_exit_codes", {})[name] = server.stop()
-        if args.dtype == "auto":  # the same mode in process as the micro-batching server measured and kept
-            dtype, how = result["serving_mode"]["micro_batched"]["mode"].split()
-            progress(f"timing Policy.infer in process ({dtype} {how})")
-            result["in_process"] = in_process(ckpt, dtype, how == "compiled", args.requests)
+        if args.dtype == "auto":  # in process: the micro-batching server's mode (dtype, compiled set above)
+            progress(f"timing Policy.infer in process ({dtype}, {'compiled' if compiled else 'eager'})")
+            result["in_process"] = in_process(ckpt, dtype, compiled, args.requests)
     lat = result["latency"]
     result["protocol_overhead_ms"] = {
         "p50": lat["overhead"]["p50_ms"],

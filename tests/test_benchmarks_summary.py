@@ -66,7 +66,7 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
     """Ratios differ between CPU families: a newer run on one CPU must not hide the newest run on another, and a
     second CPU's run on the same day must not overwrite the first's file."""
     run_all = _run_all()
-    committed = json.loads(run_all.newest_result("train").read_text())
+    committed = json.loads(run_all._result_files("train", run_all.RESULTS)[-1].read_text())
 
     def result(day: str, cpu: str, fp32_ratio: float) -> dict:
         r = json.loads(json.dumps(committed))
