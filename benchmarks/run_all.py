@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -202,6 +203,17 @@ def _cpu_of(r: dict[str, Any]) -> str:
     return r.get("cpu_model") or r.get("cpu") or _get(r, "peer_lerobot", "cpu_model") or "not recorded"
 
 
+def _started(name: str, path: Path, r: dict[str, Any]) -> str:
+    """When a result was measured, as sortable text: its recorded ``started`` time (``YYYY-MM-DDTHH:MM:SS``),
+    else the day in its file name (two results of one day are then ordered by file name)."""
+    started = str(r.get("started") or "")
+    return (
+        started[:19]
+        if re.fullmatch(r"\d{4}-\d\d-\d\d", started[:10])
+        else path.stem.removeprefix(f"{name}_")[:10]
+    )
+
+
 def cpu_slug(cpu_model: str) -> str:
     """``"AMD EPYC"`` -> ``"amd-epyc"``: the suffix that keeps one day's results of two CPU families apart."""
     return "-".join("".join(c if c.isalnum() else " " for c in cpu_model.lower()).split()) or "unknown-cpu"
@@ -227,14 +239,17 @@ def summarize(results: Path = RESULTS, runs: dict[str, dict] | None = None) -> d
     out: dict[str, Any] = {"summarized": date.today().isoformat(), "benchmarks": {}}
     for name, extract in EXTRACT.items():
         entry: dict[str, Any] = {"run": (runs or {}).get(name)}
-        newest_per_cpu: dict[str, tuple[Path, dict[str, Any]]] = {}
-        for path in reversed(_result_files(name, results)):
+        readable: list[tuple[str, str, Path, dict[str, Any]]] = []
+        for path in _result_files(name, results):
             try:
                 r = json.loads(path.read_text())
             except (ValueError, OSError):  # an interrupted write: skip it (its CPU's older result stands)
                 continue
             if isinstance(r, dict) and r:
-                newest_per_cpu.setdefault(_cpu_of(r), (path, r))
+                readable.append((_started(name, path, r), path.name, path, r))
+        newest_per_cpu: dict[str, tuple[Path, dict[str, Any]]] = {}
+        for _, _, path, r in sorted(readable, key=lambda x: x[:2], reverse=True):
+            newest_per_cpu.setdefault(_cpu_of(r), (path, r))
         if not newest_per_cpu:
             entry |= {"file": None, "rows": [], "missing": f"no {name}_<date>.json in {results}"}
         else:

@@ -68,9 +68,9 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
     run_all = _run_all()
     committed = json.loads(run_all._result_files("train", run_all.RESULTS)[-1].read_text())
 
-    def result(day: str, cpu: str, fp32_ratio: float) -> dict:
+    def result(day: str, cpu: str, fp32_ratio: float, time: str = "12:00:00") -> dict:
         r = json.loads(json.dumps(committed))
-        r["started"], r["cpu_model"] = f"{day}T12:00:00", cpu
+        r["started"], r["cpu_model"] = f"{day}T{time}", cpu
         r["ours"]["fp32"]["samples_per_s"] = 10.0 * fp32_ratio
         r["peer_lerobot"]["fp32"]["samples_per_s"] = 10.0
         return r
@@ -81,6 +81,8 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
         "train_2030-01-01.json": result("2030-01-01", "Intel(R) Xeon(R) Processor", 1.1),  # older, same CPU
         "train_2030-01-02.json": result("2030-01-02", "Intel(R) Xeon(R) Processor", 1.2),
         "train_2030-01-02_amd-epyc.json": result("2030-01-02", "AMD EPYC", 1.3),
+        # same day, earlier: its file name sorts after the plain one's, but its recorded start time decides
+        "train_2030-01-02_amd-epyc_run2.json": result("2030-01-02", "AMD EPYC", 1.4, "09:00:00"),
     }
     for name, r in files.items():
         (results / name).write_text(json.dumps(r))
