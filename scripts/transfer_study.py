@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness import cpu_model  # noqa: E402
 
-from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, TASK, Demo, DemoSizes  # noqa: E402
+from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, Demo, DemoSizes  # noqa: E402
 from vla.eval.rollout import count_diverged  # noqa: E402
 from vla.eval.stats import wilson_interval  # noqa: E402
 
@@ -89,7 +89,7 @@ class SeedRun(Demo):
 
     def dataset(self, robot: str) -> Path:
         if robot == NEW_ROBOT:
-            return self.data / f"sim_{robot}_{TASK}_seed{self.seed}"
+            return self.data / f"sim_{robot}_{self.sizes.task}_seed{self.seed}"
         return super().dataset(robot)
 
     def run_stages(self) -> None:
@@ -189,12 +189,32 @@ def distance_summary(
         by_arm = {arm: closest_distances([per_seed[s][arm][lvl] for s in per_seed]) for arm in ARMS}
         a, b = by_arm["finetuned_from_pretrained"], by_arm["finetuned_from_fresh"]
         diff = mean_ci([a[k] - b[k] for k in sorted(a.keys() & b.keys())])
+        rows = {arm: [r for s in per_seed for r in per_seed[s][arm][lvl]["episodes_detail"]] for arm in ARMS}
         out[lvl] = {
             "closest_m": {arm: mean_ci(list(d.values())) for arm, d in by_arm.items()},
+            # how often the object the TCP came nearest was the named one (chance 1/3 with two distractors):
+            # grounding, apart from reaching precision
+            "closest_is_target": {
+                arm: _rate([r.get("closest_object_is_target") for r in rows[arm]]) for arm in ARMS
+            },
             "pretrained_minus_fresh_m": diff,
             "pretrained_closer_than_fresh": bool(diff["n"] > 1 and diff["ci95"][1] < 0),
         }
     return out
+
+
+def _rate(flags: list[bool | None]) -> dict[str, Any] | None:
+    """Share of True among the recorded ``flags`` with its 95 % Wilson interval; None when none was recorded."""
+    known = [bool(f) for f in flags if f is not None]
+    if not known:
+        return None
+    k = sum(known)
+    return {
+        "count": k,
+        "episodes": len(known),
+        "rate": k / len(known),
+        "ci95": list(wilson_interval(k, len(known))),
+    }
 
 
 def beats(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -303,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = StudySizes()
     ap.add_argument("--seeds", type=int, default=d.seeds)
+    ap.add_argument("--task", default=d.task, help="the sim task (e.g. reach_slots: objects on fixed slots)")
     ap.add_argument("--episodes-per-robot", type=int, default=d.episodes_per_robot)
     ap.add_argument("--new-robot-episodes", type=int, default=d.new_robot_episodes)
     ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps)
@@ -358,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             execute_steps=args.execute_steps,
             finetune_preset=args.finetune_preset,
             finetune_lr=args.finetune_lr,
+            task=args.task,
             seeds=args.seeds,
             train_seed=seed,
             new_robot_seed=1000 + 100 * seed,
@@ -383,7 +405,6 @@ def main(argv: list[str] | None = None) -> int:
             "model": "tiny_smolvlm (vla train's debug preset)",
             "pretrain_robots": list(PRETRAIN_ROBOTS),
             "new_robot": NEW_ROBOT,
-            "task": TASK,
             "levels": list(levels),
             "first_eval_seed": first_eval_seed,
             # what the evaluated fine-tunes were trained with, read from their runs (with --training-from the
@@ -395,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    title = (f"{NEW_ROBOT} {TASK}: {args.seeds} seeds x {args.eval_episodes} episodes, pretrain "
+    title = (f"{NEW_ROBOT} {args.task}: {args.seeds} seeds x {args.eval_episodes} episodes, pretrain "
              f"{args.pretrain_steps} steps, {args.finetune_preset} {args.finetune_steps} steps on {args.new_robot_episodes} demos")  # fmt: skip
     plot(summary, levels, out.with_suffix(".png"), title)
 
@@ -413,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         closest = ", ".join(f"{arm} {c['mean']:.3f}" for arm, c in dist["closest_m"].items())
         print(f"{lvl}: closest distance to the target (m): {closest}; pretrained - fresh {d['mean']:+.3f} "
               f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")  # fmt: skip
+        chose = ", ".join(
+            f"{arm} {c['count']}/{c['episodes']}" for arm, c in dist["closest_is_target"].items() if c
+        )
+        if chose:
+            print(f"{lvl}: episodes whose nearest approach was to the named object: {chose}")
     print(f"results: {out} and {out.with_suffix('.png')} ({result['wall_s']:.0f} s)")
     return 0
 

@@ -38,8 +38,53 @@ def _run_expert(env: VLASimEnv, seed: int) -> bool:
     return False
 
 
-def test_registry_has_the_five_tasks() -> None:
-    assert set(TASK_NAMES) == {"reach", "pick_place", "push", "stack", "drawer"}
+def test_registry_has_the_six_tasks() -> None:
+    assert set(TASK_NAMES) == {"reach", "reach_slots", "pick_place", "push", "stack", "drawer"}
+
+
+def test_nearest_object_tells_the_named_object_from_a_distractor() -> None:
+    """``nearest_object``: at the goal state the TCP is nearest the named object; with a distractor moved under the
+    TCP instead, the distractor (a grounding failure, which the target distance alone cannot tell from a miss)."""
+    import mujoco
+
+    from vla.sim.tasks import set_free_pos
+
+    t, setup, world = _episode("panda", "reach_slots", seed=3)
+    target = setup.goal["target"]
+    t.set_goal_state(world, setup)
+    name, dist = t.nearest_object(world, setup)
+    assert name == target and dist == pytest.approx(t.target_distance(world, setup))
+    other = next(n for n in setup.goal["heights"] if n != target)
+    tcp = world.data.site(world.robot.arms[0].ee_site).xpos.copy()
+    set_free_pos(world, target, setup.objects[0]["pos"])  # back on its slot
+    set_free_pos(world, other, tcp - [0.0, 0.0, setup.goal["heights"][other] + 0.01])
+    mujoco.mj_forward(world.model, world.data)
+    name, dist = t.nearest_object(world, setup)
+    assert name == other and dist < 0.03 < t.target_distance(world, setup)
+    _, no_target, drawer_world = _episode("panda", "drawer", seed=0)
+    assert TASKS.get("drawer").nearest_object(drawer_world, no_target) is None
+
+
+@pytest.mark.parametrize("robot", ["panda", "widowx", "kinova_gen3"])
+def test_reach_slots_puts_the_objects_on_three_fixed_slots(robot: str) -> None:
+    """reach_slots: the three objects sit on a left, centre and right slot across the workspace's middle (within
+    the jitter), colours differ, and which slot holds the named target varies from episode to episode."""
+    from vla.sim.tasks import ReachSlots
+
+    jitter = ReachSlots.SLOT_JITTER + 1e-9
+    target_slots = set()
+    for seed in range(12):
+        _, setup, world = _episode(robot, "reach_slots", seed)
+        ws = Workspace.of(world)
+        xy = {o["name"]: np.asarray(o["pos"][:2]) - ws.center for o in setup.objects}
+        assert all(abs(v[0]) <= jitter for v in xy.values()), xy
+        ys = sorted((v[1], n) for n, v in xy.items())
+        gap = (ys[2][0] - ys[0][0]) / 2
+        assert abs(ys[1][0]) <= jitter and abs(ys[2][0] + ys[0][0]) <= 2 * jitter, ys
+        assert gap >= 0.6 * ws.half[1] - 2 * jitter
+        target_slots.add([n for _, n in ys].index(setup.goal["target"]))
+        assert len({n.split("_")[0] for n in xy}) == 3  # distinct colours: the instruction decides
+    assert target_slots == {0, 1, 2}
 
 
 @pytest.mark.parametrize("robot", ["panda", "kinova_gen3", "widowx"])
@@ -77,7 +122,8 @@ def test_task_builds_detector_false_at_reset_true_at_goal(robot: str, task: str)
     world.step(50)
     assert not t.success(world, setup)
     t.set_goal_state(world, setup)
-    world.step(20 if task != "reach" else 0)  # let placed objects settle (reach: contact is immediate)
+    # let placed objects settle (reach: contact is immediate)
+    world.step(20 if not task.startswith("reach") else 0)
     import mujoco
 
     mujoco.mj_forward(world.model, world.data)
@@ -110,6 +156,7 @@ def test_instructions_name_the_target_and_vary(task: str) -> None:
 # measures every robot x task over seeds 0-9.
 EXPERT_CASES = [("panda", t) for t in TASK_NAMES] + [
     (r, t) for r in ROBOT_NAMES if r != "panda" for t in ("reach", "pick_place")] + [
+    (r, "reach_slots") for r in ("widowx", "kinova_gen3")] + [
     (r, t) for r in ("widowx", "aloha") for t in ("stack", "drawer")]  # fmt: skip
 
 

@@ -46,6 +46,10 @@ def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, 
             dist = DISTANCE[lvl].get(arm, lambda i: 0.01)
             # episode seeds: disjoint blocks per training seed, as the study's evaluations draw them
             rows = [{"seed": 100 * seed + i, "min_target_distance_m": dist(i)} for i in range(n)]
+            for i, row in enumerate(rows):  # the pretrained fine-tune goes to the named object in 4 of 5
+                row["closest_object_is_target"] = (
+                    i % 5 != 0 if arm == "finetuned_from_pretrained" else i % 3 == 0
+                )
             if arm == "finetuned_from_fresh" and lvl == "reality_proxy":
                 rows[seed]["physics_diverged"] = True  # one simulation blow-up per seed
             out.joinpath("results.json").write_text(json.dumps(
@@ -98,6 +102,11 @@ def test_pooled_rates_intervals_claims_and_plot(tmp_path: Path) -> None:
     assert proxy["pretrained_minus_fresh_m"]["mean"] == pytest.approx(0.0, abs=1e-12)
     assert proxy["pretrained_minus_fresh_m"]["ci95"][0] < 0 < proxy["pretrained_minus_fresh_m"]["ci95"][1]
     assert proxy["pretrained_closer_than_fresh"] is False
+    # grounding: the object each episode came nearest, named or distractor (i % 5 != 0: 40 of 50 per seed)
+    chose = low["closest_is_target"]["finetuned_from_pretrained"]
+    assert (chose["count"], chose["episodes"]) == (120, 150) and chose["rate"] == pytest.approx(0.8)
+    assert chose["ci95"] == pytest.approx(list(wilson_interval(120, 150)))
+    assert low["closest_is_target"]["finetuned_from_fresh"]["count"] == 3 * 17  # i % 3 == 0 for i < 50
 
     png = tmp_path / "study.png"
     study.plot(summary, levels, png, "test")

@@ -56,6 +56,7 @@ class DemoSizes:
     execute_steps: int | None = None  # actions the learned policies run per chunk (None: the whole chunk)
     finetune_preset: str = "finetune_lora"  # `vla finetune --preset` of both fine-tuning runs
     finetune_lr: float | None = None  # optim.lr of both fine-tuning runs (None: the preset's)
+    task: str = TASK  # the sim task of every stage (a name in vla.sim.tasks.TASKS)
 
 
 QUICK = DemoSizes(
@@ -114,7 +115,7 @@ class Demo:
         print(f"[{number}/6] done in {now - start:.0f} s (total {now - self.t0:.0f} s)", flush=True)
 
     def dataset(self, robot: str) -> Path:
-        return self.data / f"sim_{robot}_{TASK}"
+        return self.data / f"sim_{robot}_{self.sizes.task}"
 
     @property
     def eval_root(self) -> Path:
@@ -128,14 +129,14 @@ class Demo:
         jobs.append((NEW_ROBOT, s.new_robot_episodes + 2, s.new_robot_seed))  # other seeds; 2 held out
         for robot, episodes, seed in jobs:
             out = self.dataset(robot)
-            self.vla("sim", "generate", "--embodiment", robot, "--task", TASK, "--episodes", episodes,
+            self.vla("sim", "generate", "--embodiment", robot, "--task", self.sizes.task, "--episodes", episodes,
                      "--out", out, "--workers", s.workers, "--seed", seed, "--image-size", s.image_size,
                      "--randomization", s.randomization)  # fmt: skip
             self.vla("data", "stats", out)
         mixture = self.root / "pretrain_mixture.yaml"
         lines = ["format_version: 1", "name: demo_pretrain", "description: the demo's simulated robots",
                  "balance_by_size: false", "datasets:"]  # fmt: skip
-        lines += [f"  - {{name: sim_{r}_{TASK}, weight: 1.0, path: {self.dataset(r).resolve()}, kind: sim}}"
+        lines += [f"  - {{name: sim_{r}_{self.sizes.task}, weight: 1.0, path: {self.dataset(r).resolve()}, kind: sim}}"
                   for r in PRETRAIN_ROBOTS]  # fmt: skip
         mixture.write_text("\n".join(lines) + "\n")
 
@@ -201,7 +202,7 @@ class Demo:
                     print(f"  {out}/results.json exists: kept", flush=True)
                     continue
                 extra = ["--execute-steps", execute] if execute is not None else []
-                self.vla("eval", "sim", policy, "--embodiment", NEW_ROBOT, "--task", TASK, "--episodes",
+                self.vla("eval", "sim", policy, "--embodiment", NEW_ROBOT, "--task", self.sizes.task, "--episodes",
                          s.eval_episodes, "--randomization", level, "--workers", s.workers,
                          "--seed", s.eval_seed, *extra,
                          "--image-size", s.image_size, "--video-every", max(1, s.eval_episodes // 2),
@@ -220,7 +221,7 @@ class Demo:
         try:
             url = _wait_ready(server)
             s = self.sizes
-            self.vla("eval", "sim", "served", "--via-server", url, "--embodiment", NEW_ROBOT, "--task", TASK,
+            self.vla("eval", "sim", "served", "--via-server", url, "--embodiment", NEW_ROBOT, "--task", self.sizes.task,
                      "--episodes", 1, "--seed", s.eval_seed, "--image-size", s.image_size, "--video-every", 1,
                      "--randomization", s.randomization, "--out", out)  # fmt: skip
         finally:
@@ -251,7 +252,7 @@ class Demo:
     def run(self) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
         print(f"vla demo in {self.root} ({self.sizes})", flush=True)
-        self.stage(1, f"simulated demonstrations: {', '.join(PRETRAIN_ROBOTS)} + unseen {NEW_ROBOT} ({TASK})",
+        self.stage(1, f"simulated demonstrations: {', '.join(PRETRAIN_ROBOTS)} + unseen {NEW_ROBOT} ({self.sizes.task})",
                    self.generate)  # fmt: skip
         self.stage(2, "cross-embodiment pretraining (vla train)", self.pretrain)
         self.stage(

@@ -160,9 +160,13 @@ class VLASimEnv(gym.Env):
         diverged = self.world.instability_warnings() > warnings_before
         success = not diverged and bool(self.task.success(self.world, self.setup))
         truncated = diverged or (self.step_index >= self.max_steps and not success)
+        nearest = None if diverged else self.task.nearest_object(self.world, self.setup)
         info = {"instruction": self.instruction, "task": self.task.name, "success": success,
                 "physics_diverged": diverged,
-                "target_distance_m": None if diverged else self.task.target_distance(self.world, self.setup)}  # fmt: skip
+                "target_distance_m": None if diverged else self.task.target_distance(self.world, self.setup),
+                # (object nearest the TCP, its distance m, whether it is the named one): wrong-object vs. miss
+                "nearest_object": None if nearest is None else
+                (nearest[0], nearest[1], nearest[0] == self.setup.goal["target"])}  # fmt: skip
         return self._obs(), float(success), success, truncated, info
 
     def render(self) -> np.ndarray | None:

@@ -1,5 +1,5 @@
-"""Tabletop tasks with language instructions: ``TASKS`` registry of ``reach``, ``pick_place``, ``push``, ``stack``,
-``drawer``.
+"""Tabletop tasks with language instructions: ``TASKS`` registry of ``reach``, ``reach_slots``, ``pick_place``,
+``push``, ``stack``, ``drawer``.
 
 A task is stateless; one episode's draw is a ``TaskSetup``:
 
@@ -201,6 +201,13 @@ def gripper_over(world: World, name: str, height: float) -> bool:
     return False
 
 
+def _tcp_to_top(world: World, name: str, height: float) -> float:
+    """Distance (m) from the nearest arm's TCP to the top centre of object ``name`` (``height`` m tall)."""
+    top = body_pos(world, name)
+    top[2] += height
+    return min(float(np.linalg.norm(world.data.site(arm.ee_site).xpos - top)) for arm in world.robot.arms)
+
+
 def set_free_pos(world: World, name: str, pos: np.ndarray) -> None:
     """Teleport a free object (bottom centre at ``pos``, upright, at rest); call ``mj_forward`` afterwards."""
     j = world.model.joint(f"{name}_joint")
@@ -237,9 +244,16 @@ class Task:
         heights = setup.goal.get("heights", {})
         if target not in heights:
             return None
-        top = body_pos(world, target)
-        top[2] += heights[target]
-        return min(float(np.linalg.norm(world.data.site(arm.ee_site).xpos - top)) for arm in world.robot.arms)
+        return _tcp_to_top(world, target, heights[target])
+
+    def nearest_object(self, world: World, setup: TaskSetup) -> tuple[str, float] | None:
+        """The object whose top centre is nearest a TCP, and that distance (m), over the named object and its
+        distractors; None when the goal names no object. Tells a policy that went to the wrong object (grounding)
+        from one that missed the right one (localisation)."""
+        heights = setup.goal.get("heights", {})
+        if setup.goal.get("target") not in heights:
+            return None
+        return min(((n, _tcp_to_top(world, n, h)) for n, h in heights.items()), key=lambda x: x[1])
 
     def set_goal_state(self, world: World, setup: TaskSetup) -> None:
         """Put the world in a goal state by hand (for tests of ``success``)."""
@@ -281,6 +295,36 @@ class Reach(Task):
         pad[:2] += towards / dist * shift if dist > 0 else 0.0
         set_free_pos(world, target, pad - [0.0, 0.0, setup.goal["heights"][target] / 2])
         mujoco.mj_forward(world.model, world.data)
+
+
+class ReachSlots(Reach):
+    """``reach`` with the three objects on fixed slots: across the workspace's middle, one slot left, one centre,
+    one right (``SLOT_JITTER`` m of jitter), colours and kinds drawn as in ``reach``, the target on a random slot.
+
+    What separates success from failure is then *which* object the instruction names (grounding: a colour word to a
+    place in the image), not centimetre-exact localisation of a freely placed object. The transfer study uses it to
+    ask whether that grounding, learned on other robots, carries over to an unseen one.
+    """
+
+    name = "reach_slots"
+    SLOT_JITTER = 0.01  # m, uniform per axis around each slot
+
+    def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
+        items = _graspables(rng, 3)
+        sizes = [_size(kind, rng, workspace) for _, kind in items]
+        radii = sorted((r for _, r, _ in sizes), reverse=True)
+        gap = max(0.6 * float(workspace.half[1]), radii[0] + radii[1] + CLEARANCE + 2 * self.SLOT_JITTER)
+        slots = [workspace.center + np.array([0.0, k * gap]) for k in (-1, 0, 1)]
+        order = rng.permutation(3)
+        objs, desc, heights = [], {}, {}
+        for (color, kind), (size, _, height), slot in zip(items, sizes, order):
+            xy = slots[int(slot)] + rng.uniform(-self.SLOT_JITTER, self.SLOT_JITTER, 2)
+            name = f"{color}_{kind}"
+            objs.append({"kind": kind, "name": name, "size": size, "rgba": COLORS[color],
+                         "pos": (float(xy[0]), float(xy[1]), 0.0)})  # fmt: skip
+            desc[name] = f"{color} {kind}"
+            heights[name] = height
+        return TaskSetup(self.name, objs, {"target": objs[0]["name"], "heights": heights}, desc)
 
 
 class PickPlace(Task):
@@ -459,7 +503,7 @@ class Drawer(Task):
         mujoco.mj_forward(world.model, world.data)
 
 
-for _task in (Reach(), PickPlace(), Push(), Stack(), Drawer()):
+for _task in (Reach(), ReachSlots(), PickPlace(), Push(), Stack(), Drawer()):
     TASKS.register(_task.name, _task)
 
 
