@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -204,14 +203,17 @@ def _cpu_of(r: dict[str, Any]) -> str:
 
 
 def _started(name: str, path: Path, r: dict[str, Any]) -> str:
-    """When a result was measured, as sortable text: its recorded ``started`` time (``YYYY-MM-DDTHH:MM:SS``),
-    else the day in its file name (two results of one day are then ordered by file name)."""
-    started = str(r.get("started") or "")
-    return (
-        started[:19]
-        if re.fullmatch(r"\d{4}-\d\d-\d\d", started[:10])
-        else path.stem.removeprefix(f"{name}_")[:10]
-    )
+    """When a result was measured, as sortable UTC text ``YYYY-MM-DDTHH:MM:SS``: its recorded ``started`` time (ISO
+    8601; one without an offset is taken as UTC, the clock of the machines these run on), else midnight of the day
+    in its file name, so it counts as older than a same-day result that recorded its time (results that tie are
+    ordered by file name)."""
+    try:
+        t = datetime.fromisoformat(str(r.get("started") or "").replace("Z", "+00:00"))
+    except ValueError:
+        return f"{path.stem.removeprefix(f'{name}_')[:10]}T00:00:00"
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC).replace(tzinfo=None)
+    return t.isoformat(timespec="seconds")
 
 
 def cpu_slug(cpu_model: str) -> str:

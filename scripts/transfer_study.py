@@ -3,8 +3,9 @@
 
 Per training seed (``--seeds``, default 3), with the real commands (``vla.demo.Demo``'s stages):
 
-1. ``vla sim generate`` domain-randomized demonstrations of the language-conditioned reach task (the target is named
-   by colour among distractors) for the three pretraining robots (shared by every seed) and a few for the unseen
+1. ``vla sim generate`` domain-randomized demonstrations of a language-conditioned task (``--task``: ``reach`` by
+   default, or ``reach_slots`` with the objects on fixed slots; the target is named by colour among distractors)
+   for the three pretraining robots (shared by every seed) and a few for the unseen
    Kinova Gen3 (drawn anew per seed: a different small dataset is part of what a seed varies);
 2. ``vla train`` cross-embodiment pretraining (``train.seed`` = the seed);
 3. ``vla finetune`` (LoRA by default, ``--finetune-preset``) on the Kinova demonstrations from (a) the pretrained
@@ -23,7 +24,9 @@ there, then run once without it. Every stage resumes, so an interrupted study co
 never sees evaluation seeds, so the reported run may evaluate the validation run's models instead of training the
 same seeds again: ``--training-from runs/transfer_study/validation`` runs stage 4 only, into ``reported/``.
 
-    .venv/bin/python scripts/transfer_study.py [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
+A task other than ``reach`` works in ``<workdir>/<task>/`` and writes ``transfer_study[_validation]_<task>_<date>``.
+
+    .venv/bin/python scripts/transfer_study.py [--task reach] [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
         [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--finetune-preset P]
         [--finetune-lr LR] [--validation]
 """
@@ -55,6 +58,7 @@ EVAL_SEED = (
 )
 VALIDATION_SEED = 5_000_000  # first episode seed of the tuning evaluation (disjoint from the reported one)
 ARMS = ("finetuned_from_pretrained", "finetuned_from_fresh", "expert", "random")
+TARGET_TASKS = ("reach", "reach_slots", "pick_place", "push", "stack")  # tasks whose goal names an object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +104,11 @@ class SeedRun(Demo):
                 raise SystemExit(
                     f"--training-from {self.training_from}: {', '.join(map(str, missing))} not found; run the "
                     "study there first (without --training-from) so its stages 1-3 finish"
+                )
+            if not self.dataset(NEW_ROBOT).is_dir():  # its fine-tuning data names the task it was trained on
+                raise SystemExit(
+                    f"--training-from {self.training_from}: no {self.dataset(NEW_ROBOT)}, so its models were not "
+                    f"trained on --task {self.sizes.task}; pass the --task that study ran"
                 )
             print(
                 f"\n[1-3/6] seed {self.seed}: data, pretraining and fine-tuning of {self.root} (kept)",
@@ -182,8 +191,9 @@ def distance_summary(
     per_seed: dict[int, dict[str, dict[str, Any]]], levels: tuple[str, str]
 ) -> dict[str, Any]:
     """Graded progress next to success: per arm and level the mean closest distance of the TCP to the named
-    object (m, 95 % interval), and the paired per-episode difference pretrained - fresh (same initial states;
-    negative = the pretrained model's fine-tune gets closer)."""
+    object (m, 95 % interval), the paired per-episode difference pretrained - fresh (same initial states;
+    negative = the pretrained model's fine-tune gets closer), and ``end_object_is_target``: how often the object an
+    episode ended over was the named one (None where the results predate that record)."""
     out: dict[str, Any] = {}
     for lvl in levels:
         by_arm = {arm: closest_distances([per_seed[s][arm][lvl] for s in per_seed]) for arm in ARMS}
@@ -192,10 +202,10 @@ def distance_summary(
         rows = {arm: [r for s in per_seed for r in per_seed[s][arm][lvl]["episodes_detail"]] for arm in ARMS}
         out[lvl] = {
             "closest_m": {arm: mean_ci(list(d.values())) for arm, d in by_arm.items()},
-            # how often the object the TCP came nearest was the named one (chance 1/3 with two distractors):
-            # grounding, apart from reaching precision
-            "closest_is_target": {
-                arm: _rate([r.get("closest_object_is_target") for r in rows[arm]]) for arm in ARMS
+            # how often the object the TCP ended over was the named one (a random pick among the three objects
+            # of reach / reach_slots: 1/3): grounding, apart from reaching precision
+            "end_object_is_target": {
+                arm: _rate([r.get("end_object_is_target") for r in rows[arm]]) for arm in ARMS
             },
             "pretrained_minus_fresh_m": diff,
             "pretrained_closer_than_fresh": bool(diff["n"] > 1 and diff["ci95"][1] < 0),
@@ -323,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = StudySizes()
     ap.add_argument("--seeds", type=int, default=d.seeds)
-    ap.add_argument("--task", default=d.task, help="the sim task (e.g. reach_slots: objects on fixed slots)")
+    ap.add_argument("--task", default=d.task, choices=TARGET_TASKS,
+                    help="the sim task (reach_slots: the objects on fixed slots)")  # fmt: skip
     ap.add_argument("--episodes-per-robot", type=int, default=d.episodes_per_robot)
     ap.add_argument("--new-robot-episodes", type=int, default=d.new_robot_episodes)
     ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps)
@@ -360,7 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--execute-steps must be at least 1, got {args.execute_steps}")
 
     kind = "transfer_study_validation" if args.validation else "transfer_study"
-    out = args.out or REPO / "benchmarks" / "results" / f"{kind}_{date.today().isoformat()}.json"
+    named = "" if args.task == "reach" else f"_{args.task}"
+    out = args.out or REPO / "benchmarks" / "results" / f"{kind}{named}_{date.today().isoformat()}.json"
+    if args.task != "reach":
+        args.workdir = args.workdir / args.task
     first_eval_seed = VALIDATION_SEED if args.validation else EVAL_SEED
     workdir = args.workdir / ("validation" if args.validation else "reported")
     t0 = time.perf_counter()
@@ -435,10 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{lvl}: closest distance to the target (m): {closest}; pretrained - fresh {d['mean']:+.3f} "
               f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")  # fmt: skip
         chose = ", ".join(
-            f"{arm} {c['count']}/{c['episodes']}" for arm, c in dist["closest_is_target"].items() if c
+            f"{arm} {c['count']}/{c['episodes']}" for arm, c in dist["end_object_is_target"].items() if c
         )
         if chose:
-            print(f"{lvl}: episodes whose nearest approach was to the named object: {chose}")
+            print(f"{lvl}: episodes that ended over the named object: {chose}")
     print(f"results: {out} and {out.with_suffix('.png')} ({result['wall_s']:.0f} s)")
     return 0
 

@@ -84,6 +84,9 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
         # same day, earlier: its file name sorts after the plain one's, but its recorded start time decides
         "train_2030-01-02_amd-epyc_run2.json": result("2030-01-02", "AMD EPYC", 1.4, "09:00:00"),
     }
+    undated = result("2030-01-02", "Intel(R) Xeon(R) Processor", 1.25)
+    del undated["started"]  # no recorded time: midnight of its file's day, older than the 12:00 run
+    files["train_2030-01-02_xeon-rerun.json"] = undated
     for name, r in files.items():
         (results / name).write_text(json.dumps(r))
     train = run_all.summarize(results)["benchmarks"]["train"]

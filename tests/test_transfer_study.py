@@ -4,6 +4,7 @@ Wilson intervals, the claims decided by non-overlapping intervals, and the plot 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -47,9 +48,7 @@ def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, 
             # episode seeds: disjoint blocks per training seed, as the study's evaluations draw them
             rows = [{"seed": 100 * seed + i, "min_target_distance_m": dist(i)} for i in range(n)]
             for i, row in enumerate(rows):  # the pretrained fine-tune goes to the named object in 4 of 5
-                row["closest_object_is_target"] = (
-                    i % 5 != 0 if arm == "finetuned_from_pretrained" else i % 3 == 0
-                )
+                row["end_object_is_target"] = i % 5 != 0 if arm == "finetuned_from_pretrained" else i % 3 == 0
             if arm == "finetuned_from_fresh" and lvl == "reality_proxy":
                 rows[seed]["physics_diverged"] = True  # one simulation blow-up per seed
             out.joinpath("results.json").write_text(json.dumps(
@@ -102,21 +101,41 @@ def test_pooled_rates_intervals_claims_and_plot(tmp_path: Path) -> None:
     assert proxy["pretrained_minus_fresh_m"]["mean"] == pytest.approx(0.0, abs=1e-12)
     assert proxy["pretrained_minus_fresh_m"]["ci95"][0] < 0 < proxy["pretrained_minus_fresh_m"]["ci95"][1]
     assert proxy["pretrained_closer_than_fresh"] is False
-    # grounding: the object each episode came nearest, named or distractor (i % 5 != 0: 40 of 50 per seed)
-    chose = low["closest_is_target"]["finetuned_from_pretrained"]
+    # grounding: the object each episode ended over, named or distractor (i % 5 != 0: 40 of 50 per seed)
+    chose = low["end_object_is_target"]["finetuned_from_pretrained"]
     assert (chose["count"], chose["episodes"]) == (120, 150) and chose["rate"] == pytest.approx(0.8)
     assert chose["ci95"] == pytest.approx(list(wilson_interval(120, 150)))
-    assert low["closest_is_target"]["finetuned_from_fresh"]["count"] == 3 * 17  # i % 3 == 0 for i < 50
+    assert low["end_object_is_target"]["finetuned_from_fresh"]["count"] == 3 * 17  # i % 3 == 0 for i < 50
 
     png = tmp_path / "study.png"
     study.plot(summary, levels, png, "test")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_rate_counts_only_recorded_flags() -> None:
+    study = _study()
+    assert study._rate([None, None]) is None  # results from before the record: no rate, not 0
+    r = study._rate([True, False, None, True])
+    assert (r["count"], r["episodes"]) == (2, 3) and r["ci95"] == pytest.approx(list(wilson_interval(2, 3)))
+
+
 def test_seed_layout_shares_pretraining_data_and_draws_the_new_robot_per_seed(tmp_path: Path) -> None:
     study = _study()
     a, b = (study.SeedRun(tmp_path, s, study.StudySizes(train_seed=s)) for s in (0, 1))
     assert a.dataset("panda") == b.dataset("panda") == tmp_path / "data" / "sim_panda_reach"
+    # another task names every dataset and reaches every command
+    slots = study.SeedRun(tmp_path, 0, study.StudySizes(train_seed=0, task="reach_slots"))
+    assert slots.dataset("panda").name == "sim_panda_reach_slots"
+    assert slots.dataset(study.NEW_ROBOT).name == "sim_kinova_gen3_reach_slots_seed0"
+    calls: list[list[str]] = []
+    slots.vla = lambda *args: calls.append([str(x) for x in args])
+    slots.root.mkdir(parents=True)  # run_stages makes it before stage 1
+    slots.generate()
+    tasks = {c[c.index("--task") + 1] for c in calls if "--task" in c}
+    assert (
+        tasks == {"reach_slots"}
+        and "sim_panda_reach_slots" in slots.root.joinpath("pretrain_mixture.yaml").read_text()
+    )
     assert a.dataset(study.NEW_ROBOT) != b.dataset(study.NEW_ROBOT)
     assert a.root != b.root and a.root.parent == tmp_path
     # the reported and the tuning evaluations never share an episode seed
@@ -135,6 +154,8 @@ def test_a_kept_evaluation_is_reused_only_with_the_same_settings(tmp_path: Path)
     kept = {"seed": 5_000_000, "episodes": 50, "randomization": "low", "execute_steps": None}
     (out / "results.json").write_text(json.dumps(kept))
     _check_kept(out, dict(kept))  # same settings: kept silently
+    with pytest.raises(SystemExit, match=r"task=None \(now 'reach_slots'\)"):  # evaluated on another task
+        _check_kept(out, kept | {"task": "reach_slots"})
     with pytest.raises(SystemExit, match=r"finetuned_from_pretrained_low.*seed=5000000 \(now 10000\)"):
         _check_kept(out, kept | {"seed": 10_000})
     with pytest.raises(SystemExit, match=r"execute_steps=None \(now 4\)"):
@@ -153,6 +174,11 @@ def test_training_from_evaluates_the_kept_models_into_its_own_folder(tmp_path: P
     for name in ("export_pretrained", "export_fresh"):
         (trained / "seed_0" / name).mkdir(parents=True)
         (trained / "seed_0" / name / "config.json").write_text("{}")
+    # models fine-tuned on another task's data (a reach study evaluated as reach_slots): refused, naming the task
+    other = study.SeedRun(reported, 0, dataclasses.replace(sizes, task="reach_slots"), training_from=trained)
+    with pytest.raises(SystemExit, match=r"sim_kinova_gen3_reach_slots_seed0.*--task reach_slots"):
+        other.run_stages()
+    run.dataset(study.NEW_ROBOT).mkdir(parents=True)
     calls: list[list[str]] = []
     run.vla = lambda *args: calls.append(
         [str(a) for a in args]

@@ -71,8 +71,8 @@ QUICK = DemoSizes(
 
 
 def _check_kept(out: Path, wanted: dict[str, object]) -> None:
-    """A finished evaluation is reused only when it was made with the settings asked for now (first episode seed,
-    episodes, randomization, actions per chunk); otherwise an error naming the folder and each difference."""
+    """A finished evaluation is reused only when it was made with the settings asked for now (task, first episode
+    seed, episodes, randomization, actions per chunk); otherwise an error naming the folder and each difference."""
     kept = json.loads((out / "results.json").read_text())
     diff = {k: (kept.get(k), v) for k, v in wanted.items() if kept.get(k) != v}
     if diff:
@@ -197,7 +197,7 @@ class Demo:
                 learned = policy not in ("expert", "random")
                 execute = s.execute_steps if learned else None
                 if (out / "results.json").is_file():
-                    _check_kept(out, {"seed": s.eval_seed, "episodes": s.eval_episodes,
+                    _check_kept(out, {"task": s.task, "seed": s.eval_seed, "episodes": s.eval_episodes,
                                       "randomization": level, "execute_steps": execute})  # fmt: skip
                     print(f"  {out}/results.json exists: kept", flush=True)
                     continue

@@ -106,7 +106,8 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
     policy_s = sim_s = 0.0
     steps, calls, success, diverged = 0, 0, False, False
     distances: list[float] = []  # TCP to the named object's top, per step (tasks whose goal names an object)
-    closest: tuple[str, float, bool] | None = None  # the object the TCP came nearest in the episode
+    # the object the TCP is over (horizontally nearest) at the episode's last step that had one: where it went
+    ended: tuple[str, float, bool] | None = None
     while True:
         if not queue:
             t0 = time.perf_counter()
@@ -119,10 +120,8 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         steps += 1
         if step_info.get("target_distance_m") is not None:
             distances.append(float(step_info["target_distance_m"]))
-        if step_info.get("nearest_object") is not None and (
-            closest is None or step_info["nearest_object"][1] < closest[1]
-        ):
-            closest = step_info["nearest_object"]
+        if step_info.get("nearest_object") is not None:
+            ended = step_info["nearest_object"]
         if observe is not None:
             observe(obs)
         if record:
@@ -140,10 +139,12 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         # closest and last distance (m) of the TCP to the named object's top: graded progress next to success
         "min_target_distance_m": round(min(distances), 5) if distances else None,
         "final_target_distance_m": round(distances[-1], 5) if distances else None,
-        # the object (named or distractor) the TCP came nearest to in the episode, and whether it is the named one:
-        # a policy that goes to the wrong object fails at grounding, one near none of them at localisation
-        "closest_object": closest[0] if closest else None,
-        "closest_object_is_target": closest[2] if closest else None,
+        # where the TCP ended: over which object (named or distractor; horizontally nearest), how far off (m,
+        # horizontal) and whether it is the named one. Wrong object: a grounding failure; far from every object:
+        # a localisation one
+        "end_object": ended[0] if ended else None,
+        "end_object_distance_m": round(ended[1], 5) if ended else None,
+        "end_object_is_target": ended[2] if ended else None,
         "policy_calls": getattr(policy, "queries", calls),  # a broker-driven policy counts its chunk requests
         "instruction": info["instruction"],
         "task": cfg.task,
@@ -194,15 +195,13 @@ def count_diverged(rows: list[dict[str, Any]]) -> int:
 
 
 def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None] | None:
-    """Mean closest and mean final TCP-to-target distance (m) and how often the object the TCP came nearest was
-    the named one (``closest_is_target_rate``), or None when the task names no object. The final
+    """Mean closest and mean final TCP-to-target distance (m) and how often the object the TCP ended over was
+    the named one (``end_object_is_target_rate``), or None when the task names no object. The final
     mean leaves out episodes whose physics diverged (an object launched by a contact blow-up can be metres away by
     the step the divergence is detected; None when every episode diverged, so results.json stays valid JSON);
     ``diverged`` counts them."""
     closest = [r["min_target_distance_m"] for r in rows if r.get("min_target_distance_m") is not None]
-    chose = [
-        bool(r["closest_object_is_target"]) for r in rows if r.get("closest_object_is_target") is not None
-    ]
+    chose = [bool(r["end_object_is_target"]) for r in rows if r.get("end_object_is_target") is not None]
     final = [r["final_target_distance_m"] for r in rows
              if r.get("final_target_distance_m") is not None and not r.get("physics_diverged")]  # fmt: skip
     if not closest:
@@ -212,8 +211,9 @@ def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None
         "min_mean": float(np.mean(closest)),
         "final_mean": float(np.mean(final)) if final else None,
         "diverged": count_diverged(rows),
-        # share of episodes whose nearest approach to any object was to the named one (chance: 1 / objects)
-        "closest_is_target_rate": float(np.mean(chose)) if chose else None,
+        # share of episodes whose nearest approach to any object was to the named one (a policy that picks one of
+        # the candidate objects at random: 1 / their number)
+        "end_object_is_target_rate": float(np.mean(chose)) if chose else None,
     }
 
 

@@ -164,7 +164,7 @@ class VLASimEnv(gym.Env):
         info = {"instruction": self.instruction, "task": self.task.name, "success": success,
                 "physics_diverged": diverged,
                 "target_distance_m": None if diverged else self.task.target_distance(self.world, self.setup),
-                # (object nearest the TCP, its distance m, whether it is the named one): wrong-object vs. miss
+                # (object the TCP is nearest over, horizontal distance m, whether it is the named one)
                 "nearest_object": None if nearest is None else
                 (nearest[0], nearest[1], nearest[0] == self.setup.goal["target"])}  # fmt: skip
         return self._obs(), float(success), success, truncated, info

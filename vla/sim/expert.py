@@ -20,7 +20,7 @@ import mujoco
 import numpy as np
 
 from vla.sim.ik import ArmIK, finger_yaw, nearest_equivalent, top_down_rotation, wrap_to_nearest
-from vla.sim.tasks import TaskSetup, body_pos
+from vla.sim.tasks import TASKS, Reach, TaskSetup, body_pos
 from vla.sim.world import World
 
 OPEN, CLOSED = 1.0, 0.0
@@ -196,7 +196,7 @@ class ScriptedExpert:
         target = g["target"]
         h = g["heights"][target]
         grasp_z = max(h / 2, 0.024)
-        if s.task in ("reach", "reach_slots"):
+        if isinstance(TASKS.get(s.task), Reach):
             return [Phase("above", self._at(target, h + 0.08), CLOSED, tol=0.02),
                     Phase("touch", self._at(target, h + 0.004), CLOSED, tol=0.005, max_steps=25, speed=0.15),
                     Phase("hold", self._at(target, h), CLOSED, tol=0.0, max_steps=10**6)]  # fmt: skip

@@ -247,13 +247,19 @@ class Task:
         return _tcp_to_top(world, target, heights[target])
 
     def nearest_object(self, world: World, setup: TaskSetup) -> tuple[str, float] | None:
-        """The object whose top centre is nearest a TCP, and that distance (m), over the named object and its
-        distractors; None when the goal names no object. Tells a policy that went to the wrong object (grounding)
-        from one that missed the right one (localisation)."""
-        heights = setup.goal.get("heights", {})
-        if setup.goal.get("target") not in heights:
+        """The object a TCP is over, horizontally nearest (so a tall object does not win by its height), and that
+        horizontal distance (m): among the named object and its distractors (a destination such as the bowl or the
+        base of a stack is not a candidate); None when the goal names no object. Tells a policy that went to the
+        wrong object (grounding) from one that missed the right one (localisation)."""
+        target = setup.goal.get("target")
+        if target not in setup.goal.get("heights", {}):
             return None
-        return min(((n, _tcp_to_top(world, n, h)) for n, h in heights.items()), key=lambda x: x[1])
+        names = [n for n in setup.descriptions if n != setup.goal.get("place") and n in world.objects] or [
+            target
+        ]
+        tcps = [world.data.site(arm.ee_site).xpos[:2] for arm in world.robot.arms]
+        dist = {n: min(float(np.linalg.norm(t - body_pos(world, n)[:2])) for t in tcps) for n in names}
+        return min(dist.items(), key=lambda x: x[1])
 
     def set_goal_state(self, world: World, setup: TaskSetup) -> None:
         """Put the world in a goal state by hand (for tests of ``success``)."""
@@ -310,6 +316,8 @@ class ReachSlots(Reach):
     SLOT_JITTER = 0.01  # m, uniform per axis around each slot
 
     def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
+        # several arms (ALOHA): the row on one arm's half, so which arm reaches is clear from the scene
+        workspace = workspace.one_arm(rng)
         items = _graspables(rng, 3)
         sizes = [_size(kind, rng, workspace) for _, kind in items]
         radii = sorted((r for _, r, _ in sizes), reverse=True)
