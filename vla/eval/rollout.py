@@ -211,8 +211,8 @@ def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None
         "min_mean": float(np.mean(closest)),
         "final_mean": float(np.mean(final)) if final else None,
         "diverged": count_diverged(rows),
-        # share of episodes whose nearest approach to any object was to the named one (a policy that picks one of
-        # the candidate objects at random: 1 / their number)
+        # share of episodes that ended over the named object (a policy that picks one of the candidate objects at
+        # random: 1 / their number)
         "end_object_is_target_rate": float(np.mean(chose)) if chose else None,
     }
 

@@ -154,9 +154,14 @@ def _graspables(rng: np.random.Generator, n: int, kinds: tuple[str, ...] = ("cub
 
 def _entries(rng: np.random.Generator, ws: Workspace, items: list[tuple[str, str]]
              ) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, float]]:  # fmt: skip
-    """build_world entries (name ``<colour>_<kind>``), their descriptions and heights."""
+    """build_world entries (name ``<colour>_<kind>``), their descriptions and heights, placed freely."""
     sizes = [_size(kind, rng, ws) for _, kind in items]
-    xys = _place(rng, ws, [r for _, r, _ in sizes])
+    return _entries_at(items, sizes, _place(rng, ws, [r for _, r, _ in sizes]))
+
+
+def _entries_at(items: list[tuple[str, str]], sizes: list[tuple[tuple[float, ...], float, float]],
+                xys: list[np.ndarray]) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, float]]:  # fmt: skip
+    """``_entries`` of ``items`` with their drawn ``sizes`` (``_size``) at table positions ``xys`` (m)."""
     objs, desc, heights = [], {}, {}
     for (color, kind), (size, _, height), xy in zip(items, sizes, xys):
         name = f"{color}_{kind}"
@@ -201,13 +206,6 @@ def gripper_over(world: World, name: str, height: float) -> bool:
     return False
 
 
-def _tcp_to_top(world: World, name: str, height: float) -> float:
-    """Distance (m) from the nearest arm's TCP to the top centre of object ``name`` (``height`` m tall)."""
-    top = body_pos(world, name)
-    top[2] += height
-    return min(float(np.linalg.norm(world.data.site(arm.ee_site).xpos - top)) for arm in world.robot.arms)
-
-
 def set_free_pos(world: World, name: str, pos: np.ndarray) -> None:
     """Teleport a free object (bottom centre at ``pos``, upright, at rest); call ``mj_forward`` afterwards."""
     j = world.model.joint(f"{name}_joint")
@@ -244,19 +242,21 @@ class Task:
         heights = setup.goal.get("heights", {})
         if target not in heights:
             return None
-        return _tcp_to_top(world, target, heights[target])
+        top = body_pos(world, target)
+        top[2] += heights[target]
+        return min(float(np.linalg.norm(world.data.site(arm.ee_site).xpos - top)) for arm in world.robot.arms)
 
     def nearest_object(self, world: World, setup: TaskSetup) -> tuple[str, float] | None:
         """The object a TCP is over, horizontally nearest (so a tall object does not win by its height), and that
         horizontal distance (m): among the named object and its distractors (a destination such as the bowl or the
         base of a stack is not a candidate); None when the goal names no object. Tells a policy that went to the
         wrong object (grounding) from one that missed the right one (localisation)."""
-        target = setup.goal.get("target")
-        if target not in setup.goal.get("heights", {}):
+        heights = setup.goal.get("heights", {})
+        if setup.goal.get("target") not in heights:
             return None
-        names = [n for n in setup.descriptions if n != setup.goal.get("place") and n in world.objects] or [
-            target
-        ]
+        names = [
+            n for n in heights if n != setup.goal.get("place")
+        ]  # the graspable objects (markers are flat)
         tcps = [world.data.site(arm.ee_site).xpos[:2] for arm in world.robot.arms]
         dist = {n: min(float(np.linalg.norm(t - body_pos(world, n)[:2])) for t in tcps) for n in names}
         return min(dist.items(), key=lambda x: x[1])
@@ -324,14 +324,8 @@ class ReachSlots(Reach):
         gap = max(0.6 * float(workspace.half[1]), radii[0] + radii[1] + CLEARANCE + 2 * self.SLOT_JITTER)
         slots = [workspace.center + np.array([0.0, k * gap]) for k in (-1, 0, 1)]
         order = rng.permutation(3)
-        objs, desc, heights = [], {}, {}
-        for (color, kind), (size, _, height), slot in zip(items, sizes, order):
-            xy = slots[int(slot)] + rng.uniform(-self.SLOT_JITTER, self.SLOT_JITTER, 2)
-            name = f"{color}_{kind}"
-            objs.append({"kind": kind, "name": name, "size": size, "rgba": COLORS[color],
-                         "pos": (float(xy[0]), float(xy[1]), 0.0)})  # fmt: skip
-            desc[name] = f"{color} {kind}"
-            heights[name] = height
+        xys = [slots[int(k)] + rng.uniform(-self.SLOT_JITTER, self.SLOT_JITTER, 2) for k in order]
+        objs, desc, heights = _entries_at(items, sizes, xys)
         return TaskSetup(self.name, objs, {"target": objs[0]["name"], "heights": heights}, desc)
 
 
