@@ -53,9 +53,8 @@ def main() -> None:
         while not done:
             t0 = time.perf_counter()
             action = env.expert_action()
-            env.world.bound.apply_action(env.world.data, action)
             t1 = time.perf_counter()
-            env.world.step(env.substeps)
+            env.world.act(action, env.substeps)
             t2 = time.perf_counter()
             for slot in env.slots:
                 env.world.render(slot)

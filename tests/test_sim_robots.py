@@ -3,6 +3,8 @@ home end-effector positions, follows servo targets, opens/closes its gripper and
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco is imported (conftest sets it too)
@@ -112,6 +114,90 @@ def test_servos_drive_joints_to_targets(world) -> None:
     q = bound.joint_positions(world.data)
     np.testing.assert_allclose(q[[first, last]], action[dims], atol=0.05)
     assert np.abs(q[[first, last]] - world.robot.home_action()[dims]).min() > 0.25  # really moved
+
+
+# Published joint speed limits (rad/s), as the arms cite them: Franka's interface specification (fact sheet §2.3),
+# UR's joint_limits.yaml (180°/s, §3.2), Interbotix's wx250s/vx300s xacros (π), ros_kortex's Gen3 URDF (§5).
+VELOCITY_LIMITS = {
+    "panda": (2.175,) * 4 + (2.61,) * 3,
+    "ur5e": (math.pi,) * 6,
+    "widowx": (math.pi,) * 6,
+    "kinova_gen3": (1.3963,) * 4 + (1.2218,) * 3,
+    "aloha": (math.pi,) * 12,
+}
+
+
+@pytest.mark.parametrize("robot", FIXED_ROBOTS)
+def test_joint_speed_limits_are_the_published_ones(robot: str) -> None:
+    w = build_world(robot, seed=0, image_size=16)
+    np.testing.assert_allclose(w.bound.joint_vmax, VELOCITY_LIMITS[robot])
+    w.close()
+
+
+def test_procedural_arms_draw_one_speed_limit_within_the_published_span() -> None:
+    limits = []
+    for seed in range(6):
+        w = build_world("procedural", seed=seed, image_size=16)
+        vmax = w.bound.joint_vmax
+        assert np.all(vmax == vmax[0]) and vmax[0] == w.robot.params["joint_velocity_limit"]
+        limits.append(float(vmax[0]))
+        w.close()
+    assert all(1.2 <= v <= math.pi for v in limits) and len(set(limits)) == 6
+
+
+def test_act_moves_servo_setpoints_no_faster_than_the_speed_limit(world) -> None:
+    """A far target is approached at the joint's speed limit over several control periods (as a real arm's
+    trajectory generator does), the joint itself never much faster; a target within reach is held exactly."""
+    world.reset()
+    bound, dt = world.bound, world.model.opt.timestep
+    home = world.robot.home_action()
+    action = home.copy()
+    dim = bound.joint_dims[0]  # base yaw (of the first arm)
+    action[dim] += 1.0
+    vmax = bound.joint_vmax[0]
+    world.act(action, 50)  # one 10 Hz period: the setpoint moves vmax · 0.1 s, not 1 rad
+    ctrl = world.data.ctrl[bound.arm_ctrl]
+    assert ctrl[0] - home[dim] == pytest.approx(vmax * 50 * dt, rel=0.01)
+    assert ctrl[0] - home[dim] <= vmax * 50 * dt + 1e-12
+    np.testing.assert_array_equal(ctrl[1:], home[bound.joint_dims[1:]])  # joints asked to stay do stay
+    top = 0.0
+    for _ in range(1500):  # 3 s, one physics step per call
+        world.act(action, 1)
+        top = max(top, abs(float(world.data.qvel[bound.arm_qvel[0]])))
+    assert 0.75 * vmax < top < 1.1 * vmax  # moved at about the limit, never far past it
+    assert world.data.ctrl[bound.arm_ctrl[0]] == pytest.approx(action[dim])
+    assert bound.joint_positions(world.data)[0] == pytest.approx(action[dim], abs=0.01)
+    action[dim] -= 0.01  # within reach of one physics step's ramp: the setpoint goes there at once
+    world.act(action, 10)
+    assert world.data.ctrl[bound.arm_ctrl[0]] == pytest.approx(action[dim])
+    with pytest.raises(ValueError, match="at least one physics step"):
+        world.act(home, 0)  # would otherwise leave the full target in ctrl, past the limit
+
+
+def test_arm_speed_limits_must_be_positive() -> None:
+    link = dataclasses.replace(PANDA.links[0], velocity=0.0)
+    with pytest.raises(ValueError, match=r"velocity 0\.0 rad/s must be > 0"):
+        dataclasses.replace(PANDA, links=(link, *PANDA.links[1:]))
+
+
+def test_act_keeps_the_joint_space_path_straight() -> None:
+    """Joints asked to move by different amounts arrive together (a synchronized point-to-point motion): clipping
+    each joint to its own limit would move them in another direction first and bend the TCP's path."""
+    world = build_world("kinova_gen3", seed=0, image_size=16)
+    world.reset()
+    bound = world.bound
+    home = world.robot.home_action()
+    action = home.copy()
+    dims = bound.joint_dims
+    action[dims[1]] += 0.8  # shoulder: the move that sets the pace
+    action[dims[3]] -= 0.2
+    action[dims[5]] += 0.4  # a wrist joint with a lower limit, but less to travel
+    world.act(action, 50)
+    moved = world.data.ctrl[bound.arm_ctrl] - home[dims]
+    wanted = action[dims] - home[dims]
+    np.testing.assert_allclose(moved, wanted * moved[1] / wanted[1], atol=1e-12)  # same direction
+    assert moved[1] == pytest.approx(bound.joint_vmax[1] * 0.1, rel=0.01)  # the pacing joint at its limit
+    world.close()
 
 
 def _finger_gap(world, arm) -> float:

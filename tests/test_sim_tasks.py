@@ -323,3 +323,24 @@ def test_a_simulation_that_blows_up_ends_the_episode_as_a_failure() -> None:
     _, reward, terminated, truncated, info = env.step(env.expert_action())
     assert info["physics_diverged"] and truncated and not terminated and reward == 0.0 and not info["success"]
     env.close()
+
+
+@pytest.mark.parametrize("robot", ["panda", "kinova_gen3"])
+def test_random_actions_under_reality_proxy_move_joints_at_about_their_speed_limits(robot: str) -> None:
+    """Uniform random joint targets under `reality_proxy` (soft damping, latency) used to swing these arms at
+    7-27x their published joint speeds and throw objects hard enough to blow the simulation up; the servo
+    setpoints now ramp at the limits, so the joints stay near them."""
+    env = make(robot, "reach", image_size=16, randomization="reality_proxy", seed=0)
+    rng = np.random.default_rng(0)
+    low, high = env.action_space.low, env.action_space.high
+    low, high = np.where(np.isfinite(low), low, -np.pi), np.where(np.isfinite(high), high, np.pi)
+    top = 0.0
+    for episode in range(2):
+        env.reset(seed=episode)
+        bound = env.world.bound
+        for _ in range(25):
+            *_, info = env.step(rng.uniform(low, high))
+            assert not info["physics_diverged"]
+            top = max(top, float(np.max(np.abs(env.world.data.qvel[bound.arm_qvel]) / bound.joint_vmax)))
+    assert 0.5 < top < 1.5
+    env.close()

@@ -36,7 +36,8 @@ class LinkSpec:
 
     ``range`` is the joint limit in rad (``None`` = continuous joint). The servo is MuJoCo's position actuator,
     torque = kp·(ctrl − q) − kv·q̇ clamped to ±``force`` (N·m); ``dampratio`` replaces ``kv`` when set.
-    ``mass`` (kg) and ``com`` (m, body frame) are the published inertials; the rotational inertia is derived
+    ``velocity`` (rad/s) is the joint's published speed limit: the servo's setpoint never moves faster (see
+    ``World.act``); ``inf`` = none. ``mass`` (kg) and ``com`` (m, body frame) are the published inertials; the rotational inertia is derived
     from the collision capsule (vendor tensors carried over from URDFs are implausible, e.g. Panda link1
     Ixx ≈ 0.70 kg·m² for 4.97 kg in panda.xml). ``radius`` (m) sizes the
     capsule drawn from this body's origin to its child's origin.
@@ -57,6 +58,7 @@ class LinkSpec:
     mass: float = 0.5
     com: Vec3 = (0.0, 0.0, 0.0)
     radius: float = 0.04
+    velocity: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,17 @@ class ArmSpec:
         for link, q in zip(self.links, self.home):
             if link.range is not None and not link.range[0] <= q <= link.range[1]:
                 raise ValueError(f"arm {self.name!r}: home {q} outside {link.name} range {link.range}")
+            if not link.velocity > 0:
+                raise ValueError(
+                    f"arm {self.name!r}: {link.name} velocity {link.velocity} rad/s must be > 0 (inf = no limit)"
+                )
+
+
+def with_velocity_limits(links: tuple[LinkSpec, ...], limits: tuple[float, ...]) -> tuple[LinkSpec, ...]:
+    """``links`` with each joint's published speed limit (rad/s), one per link."""
+    if len(limits) != len(links):
+        raise ValueError(f"{len(limits)} velocity limits for {len(links)} links")
+    return tuple(replace(link, velocity=float(v)) for link, v in zip(links, limits))
 
 
 # Generic Robotiq-2F-85-like gripper for arms sold without one (UR5e, Gen3): 85 mm stroke and the pinch point
@@ -144,6 +157,9 @@ ROBOTIQ_LIKE = GripperSpec(
 
 # ---- Franka Emika Panda: Menagerie panda.xml (chain, inertials, servos, key), mjx_panda.xml hand ------------
 _PANDA_J = dict(damping=1.0, armature=0.1)  # panda.xml: damping 1, armature 0.1 on every joint
+# Franka's joint speed limits (fact sheet §2.3, Franka "Robot and interface specifications"): 2.175 rad/s on J1-4,
+# 2.61 rad/s on J5-7.
+_PANDA_V = (2.175, 2.175, 2.175, 2.175, 2.61, 2.61, 2.61)
 # fmt: off
 _PANDA_LINKS = (
     LinkSpec("link1", (0, 0, 0.333), Z, (-2.8973, 2.8973), 4500, 450, 87, mass=4.9707,
@@ -164,7 +180,7 @@ _PANDA_LINKS = (
 # fmt: on
 PANDA = ArmSpec(
     name="panda",
-    links=_PANDA_LINKS,
+    links=with_velocity_limits(_PANDA_LINKS, _PANDA_V),
     # Hand at link7 +0.107 z rotated −45° about z; fingers slide along hand y from hand +0.0584 z, 0…0.04 m
     # each; TCP = Franka hand_tcp at 0.1034 (franka_description franka_hand.xacro; panda.xml has no TCP site).
     gripper=GripperSpec(
@@ -214,7 +230,9 @@ _UR5E_LINKS = (
 # fmt: on
 UR5E = ArmSpec(
     name="ur5e",
-    links=_UR5E_LINKS,
+    # UR's joint speed limit, 180°/s on every joint (fact sheet §3.2, Universal_Robots_ROS2_Description
+    # config/ur5e/joint_limits.yaml)
+    links=with_velocity_limits(_UR5E_LINKS, (PI,) * 6),
     # Tool flange = Menagerie attachment_site, wrist_3 +0.1 y, −90° about x; no gripper in ur5e.xml.
     gripper=replace(ROBOTIQ_LIKE, mount_pos=(0, 0.1, 0), mount_quat=(-1, 1, 0, 0)),
     home=(-1.5708, -1.5708, 1.5708, -1.5708, -1.5708, 0.0),
@@ -248,7 +266,8 @@ _WIDOWX_LINKS = (
 # fmt: on
 WIDOWX = ArmSpec(
     name="widowx",
-    links=_WIDOWX_LINKS,
+    # π rad/s on every joint: Interbotix interbotix_xsarm_descriptions urdf/wx250s.urdf.xacro @41746ab1
+    links=with_velocity_limits(_WIDOWX_LINKS, (PI,) * 6),
     # Gripper frame = gripper_link turned so +z is its +x (approach); fingers at +0.066 slide along y,
     # 0.015…0.037 m each (the "30…74 mm" of Trossen's joint-limit table is this joint travel); TCP =
     # Interbotix ee_gripper_link at +0.093575 (wx250s.xml). The pads' contact faces sit 9.6 mm inward of the
@@ -305,7 +324,8 @@ _GEN3_LINKS = (
 # fmt: on
 KINOVA_GEN3 = ArmSpec(
     name="kinova_gen3",
-    links=_GEN3_LINKS,
+    # ros_kortex gen3 URDF: 1.3963 rad/s on J1-4, 1.2218 rad/s on J5-7 (fact sheet §5)
+    links=with_velocity_limits(_GEN3_LINKS, (1.3963,) * 4 + (1.2218,) * 3),
     # Flange = Menagerie pinch_site (bracelet −0.061525 z, 180° about x); a 2F-85-like gripper there puts the
     # pinch point 0.12 m further (Menagerie kinova_gen3 README Robotiq recipe: −0.181525).
     gripper=replace(ROBOTIQ_LIKE, mount_pos=(0, 0, -0.061525), mount_quat=RX_180),
@@ -340,7 +360,8 @@ _VIPERX_LINKS = (
 # fmt: on
 VIPERX = ArmSpec(
     name="viperx",
-    links=_VIPERX_LINKS,
+    # π rad/s on every joint: Interbotix interbotix_xsarm_descriptions urdf/vx300s.urdf.xacro @41746ab1
+    links=with_velocity_limits(_VIPERX_LINKS, (PI,) * 6),
     # Gripper frame = gripper_link with +z along its +x; finger origins at +0.0562, software travel
     # 0.002…0.037 m; TCP = Menagerie site "gripper" variant A (0.13 along x; its −0.003 z is dropped).
     gripper=GripperSpec(

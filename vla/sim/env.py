@@ -3,7 +3,9 @@
 Observation: ``{"images": {slot: uint8 [H, W, 3]}, "state": float32 [S]}`` with the embodiment spec's camera
 slots and state layout (``vla.sim.embodiment.embodiment_for``); action: float32 [A], absolute joint targets (rad)
 then a gripper command in [0, 1] (1 = open) per arm, bounded by the spec's limits. One ``step`` = one control
-period = ``round(1 / (control_hz · timestep))`` physics steps (10 Hz → 50 steps of 2 ms; ALOHA 20 Hz → 25).
+period = ``round(1 / (control_hz · timestep))`` physics steps (10 Hz → 50 steps of 2 ms; ALOHA 20 Hz → 25), during
+which each joint's servo setpoint moves toward its target no faster than the joint's published speed limit
+(``World.act``), so a far target takes several steps, as on a real arm.
 ``reset(seed=s)`` rebuilds the world for ``s`` (same seed, same robot/objects/instruction) and restarts the
 scripted expert (``expert_action()``).
 
@@ -147,12 +149,11 @@ class VLASimEnv(gym.Env):
         action = np.asarray(action, np.float64)
         if self.randomizer is not None:
             action = np.asarray(self.randomizer.act(action, self.step_index, self._rng), np.float64)
-        self.world.bound.apply_action(self.world.data, action)
         substeps = self.substeps * self._period_scale
         if self._jitter_std > 0:
             substeps *= 1.0 + self._rng.normal(0.0, self._jitter_std)
         warnings_before = self.world.instability_warnings()
-        self.world.step(max(1, round(substeps)))
+        self.world.act(action, max(1, round(substeps)))  # joint setpoints ramp at the joints' speed limits
         self.step_index += 1
         # MuJoCo resets the state to the model's home pose when the simulation blows up (non-finite or huge
         # positions, velocities or accelerations) and only counts a warning: the episode cannot go on from there,

@@ -149,6 +149,8 @@ def expert_rollout(
 
 def run_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
     """Simulate episode ``index`` with the scripted expert: frames ``{feature: [T, ...]}``, tasks and metadata."""
+    from vla.sim.world import SERVO_MODEL
+
     env = _env(cfg)
     seed = episode_seed(cfg.seed, index)
     settle = settle_steps(cfg.settle_steps, env.control_hz)
@@ -169,6 +171,7 @@ def run_episode(cfg: GenerateConfig, index: int) -> dict[str, Any]:
         "embodiment": cfg.embodiment,
         "steps": len(actions),
         "randomization": info.get("randomization") or {},
+        "servo_model": SERVO_MODEL,
     }
     if info.get("robot_params"):  # the procedural robot's arm of this episode (its spec covers every arm)
         meta["robot_params"] = info["robot_params"]

@@ -19,7 +19,8 @@ import numpy as np
 class ArmHandles:
     """Names of one arm's elements (already prefixed) and its joint data.
 
-    ``joint_limits`` is ``((low, high), ...)`` in rad, ±inf for continuous joints; ``home`` in rad.
+    ``joint_limits`` is ``((low, high), ...)`` in rad, ±inf for continuous joints; ``home`` in rad;
+    ``velocity_limits`` the joints' speed limits in rad/s (``World.act`` ramps the servo setpoints no faster).
     ``gripper_range`` is each finger joint's travel from the centre plane, (closed, open) in m;
     ``pad_inset`` is how far the finger pads' inner faces sit inward of the joints (``jaw_range``: the gap
     between the pads, (closed, open) in m). ``gripper_actuator`` takes a finger position in m (see ``gripper_ctrl``).
@@ -39,6 +40,7 @@ class ArmHandles:
     base_body: str
     gripper_body: str
     pad_inset: float = 0.0  # m, finger pads' inner faces inward of the joint positions
+    velocity_limits: tuple[float, ...] = ()  # rad/s per joint (the servo setpoint's top speed); () = none
 
     @property
     def jaw_range(self) -> tuple[float, float]:
@@ -130,14 +132,17 @@ class BoundRobot:
         self.gripper_ctrl_idx = np.asarray(grip_u, np.int64)
         lims = np.asarray([lim for arm in handles.arms for lim in arm.joint_limits], np.float64)
         self.joint_low, self.joint_high = lims[:, 0], lims[:, 1]
+        self.joint_vmax = np.asarray([v for arm in handles.arms for v in (arm.velocity_limits or
+                                      (np.inf,) * arm.dof)], np.float64)  # fmt: skip
         ranges = np.asarray([arm.gripper_range for arm in handles.arms], np.float64)
         self.finger_closed, self.finger_open = ranges[:, 0], ranges[:, 1]
         sizes = [arm.dof for arm in handles.arms]
-        self._joint_slices = np.cumsum([0, *sizes])
+        # arm i's joints are arm_ctrl[s[i]:s[i + 1]] (and joint_vmax's)
+        self.arm_joint_slices = np.cumsum([0, *sizes])
         # positions of each arm's joints and gripper inside the state/action vector
         self.joint_dims = np.concatenate([np.arange(s, s + n) + i for i, (s, n) in enumerate(zip(
-            self._joint_slices[:-1], sizes))])  # fmt: skip
-        self.gripper_dims = self._joint_slices[1:] + np.arange(len(sizes))
+            self.arm_joint_slices[:-1], sizes))])  # fmt: skip
+        self.gripper_dims = self.arm_joint_slices[1:] + np.arange(len(sizes))
 
     def joint_positions(self, data: mujoco.MjData) -> np.ndarray:
         """Arm joint positions in rad, [dof]."""

@@ -16,6 +16,7 @@ Every sampled value is recorded in ``ArmSpec.params`` (and from there ``RobotHan
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ HOME_TCP_HEIGHT = 0.15  # m above the mount at the home pose
 PITCH_LOW = (1.6, 2.4)
 PITCH_HIGH = (2.0, 2.4)
 TURN_LIMIT = (2.6, math.pi)
+JOINT_VELOCITY = (1.2, math.pi)  # rad/s, one per arm: the published arms span Gen3's 1.22 to WidowX's π
 
 
 def _u(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
@@ -135,6 +137,10 @@ def procedural_arm(rng: np.random.Generator, *, dof: int | None = None) -> ArmSp
         "home": home,
         "home_tcp_x": home_tcp_x,
     }
+    rgba = (*rng.uniform(0.3, 0.9, 3).tolist(), 1.0)
+    # Drawn last, so every earlier draw (and so each seed's arm) is what it was before arms had speed limits.
+    params["joint_velocity_limit"] = velocity = _u(rng, JOINT_VELOCITY)
+    links = [replace(link, velocity=velocity) for link in links]
     return ArmSpec(name=f"procedural_{dof}dof", links=tuple(links), gripper=gripper, home=tuple(home),
-                   base_mass=1.0, base_radius=radius * 1.2, rgba=(*rng.uniform(0.3, 0.9, 3).tolist(), 1.0),
+                   base_mass=1.0, base_radius=radius * 1.2, rgba=rgba,
                    sources=("procedural (vla.sim.procedural)",), params=params)  # fmt: skip

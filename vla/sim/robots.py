@@ -213,6 +213,7 @@ def _arm_handles(arm: ArmSpec, full_prefix: str, arm_name: str) -> ArmHandles:
         joints=tuple(f"{full_prefix}joint{i + 1}" for i in range(n)),
         actuators=tuple(f"{full_prefix}joint{i + 1}" for i in range(n)),
         joint_limits=tuple(link.range if link.range else (-math.inf, math.inf) for link in arm.links),
+        velocity_limits=tuple(float(link.velocity) for link in arm.links),
         home=tuple(float(q) for q in arm.home),
         gripper_joints=(f"{full_prefix}left_finger", f"{full_prefix}right_finger"),
         gripper_actuator=f"{full_prefix}gripper",

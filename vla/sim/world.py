@@ -28,6 +28,9 @@ from vla.sim.robots import build_robot, look_at_quat
 TABLE_HEIGHT = 0.75  # m (ALOHA scene table, fact sheet §7.1)
 ALOHA_TABLE_HALF = (0.61, 0.37)  # m, fact sheet §7.1
 TIMESTEP = 0.002  # s; Menagerie's default, with the implicitfast integrator its arms use (§3.4, §5.4)
+# How the servos follow actions (``World.act``); `vla sim generate` records it per episode so a replay can tell
+# data made before the arms had joint speed limits (no record: setpoints jumped to each target at once).
+SERVO_MODEL = "joint_speed_limited_ramp"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,35 @@ class World:
     def step(self, n: int = 1) -> None:
         """Advance ``n`` physics steps of ``model.opt.timestep`` s with the current controls."""
         mujoco.mj_step(self.model, self.data, nstep=n)
+
+    def act(self, action: np.ndarray, n: int) -> None:
+        """Run one control period of ``n`` physics steps toward ``action`` (``BoundRobot.apply_action``'s layout).
+
+        The gripper commands apply at once. Each arm's joint servo setpoints (``data.ctrl``) move from where they
+        are toward the action's targets along a straight line in joint space, as fast as the arm's slowest joint
+        relative to its speed limit (``joint_vmax``, rad/s) allows, as a real arm's synchronized point-to-point
+        trajectory generator does for speed (accelerations are not limited here): a far target is approached over
+        several periods instead of being handed to a stiff servo as a step (which would swing the arm, and any
+        object it hits, at speeds no real arm reaches), and the path between targets is the one asked for
+        (clipping each joint on its own would bend it, e.g. into the table). Targets within reach are held for the
+        rest of the period. ``n`` must be >= 1.
+        """
+        if n < 1:
+            raise ValueError(f"World.act: a control period needs at least one physics step, got n={n}")
+        b, d = self.bound, self.data
+        start = d.ctrl[b.arm_ctrl].copy()
+        b.apply_action(d, action)  # grippers, and the joint targets (clipped to the joint limits) into ctrl
+        delta = d.ctrl[b.arm_ctrl] - start
+        per_step = b.joint_vmax * self.model.opt.timestep  # rad per physics step (inf: no limit)
+        ramp = np.ones_like(delta)  # per joint: physics steps its arm's ramp takes (at least 1)
+        for lo, hi in zip(b.arm_joint_slices[:-1], b.arm_joint_slices[1:]):
+            ramp[lo:hi] = max(1.0, float(np.ceil(np.max(np.abs(delta[lo:hi]) / per_step[lo:hi]))))
+        steps = min(n, int(ramp.max()))
+        for k in range(1, steps + 1):
+            d.ctrl[b.arm_ctrl] = start + delta * np.minimum(1.0, k / ramp)
+            mujoco.mj_step(self.model, self.data)
+        if n > steps:  # every setpoint has reached its target
+            mujoco.mj_step(self.model, self.data, nstep=n - steps)
 
     def instability_warnings(self) -> int:
         """How many times MuJoCo has found the simulation unstable (bad positions, velocities or accelerations) and
