@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +308,17 @@ def test_distance_summary_leaves_diverged_episodes_out_of_the_final_mean() -> No
     only = distance_summary(rows[1:2])
     assert only["final_mean"] is None and only["diverged"] == 1
     json.dumps(only, allow_nan=False)
+
+
+def test_eval_workers_take_their_share_of_the_cores_even_when_torch_came_first() -> None:
+    """A spawned evaluation worker re-imports the parent's main module before its initializer runs; a script that
+    imports torch (or vla.sim) at the top used to leave every worker with one torch thread per core, and on 2
+    cores 2 workers x 2 spinning threads made each chunk ~25x slower (the transfer study's evaluations)."""
+    code = (
+        "import torch; torch.set_num_threads(2)\n"
+        "from vla.eval.rollout import _init_worker\n"
+        "_init_worker(1)\n"
+        "import os; print(torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -168,6 +169,11 @@ def _init_worker(threads: int) -> None:
     threads on 2 cores made a tiny model's chunk 300x slower)."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
+    # A spawned worker first re-imports the parent's main module; when that imports torch (a user's script, or one
+    # that imports vla.sim), torch has already sized its pool by the cores, so the variables above come too late.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
 
 
 def _worker(args: tuple[EvalConfig, int, bool]) -> dict[str, Any]:
