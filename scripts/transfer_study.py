@@ -52,13 +52,14 @@ from harness import cpu_model  # noqa: E402
 from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, Demo, DemoSizes  # noqa: E402
 from vla.eval.rollout import count_diverged  # noqa: E402
 from vla.eval.stats import wilson_interval  # noqa: E402
+from vla.sim.tasks import TASKS  # noqa: E402
 
 EVAL_SEED = (
     10_000  # first episode seed of the reported evaluation; seed k evaluates [EVAL_SEED + k*N, ... + N)
 )
 VALIDATION_SEED = 5_000_000  # first episode seed of the tuning evaluation (disjoint from the reported one)
 ARMS = ("finetuned_from_pretrained", "finetuned_from_fresh", "expert", "random")
-TARGET_TASKS = ("reach", "reach_slots", "pick_place", "push", "stack")  # tasks whose goal names an object
+TARGET_TASKS = tuple(n for n in TASKS.names() if TASKS.get(n).names_object)  # the instruction picks an object
 
 
 @dataclasses.dataclass(frozen=True)

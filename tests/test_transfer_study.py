@@ -227,3 +227,11 @@ def test_the_result_records_the_recipe_the_evaluated_fine_tunes_were_trained_wit
     run.mkdir()
     (run / "config.yaml").write_text("optim:\n  lr: 3.0e-05\nfinetune:\n  mode: full\n  lora: null\n")
     assert study._finetune_recipe(run) == {"mode": "full", "lora": None, "lr": 3e-05}
+
+
+def test_study_tasks_are_those_whose_instruction_picks_an_object() -> None:
+    """A task joins the study's --task choices by saying its instruction names an object among distractors (the
+    drawer task names none, so it could not test grounding)."""
+    study = _study()
+    # exact: a new task joins only by opting in (Task.names_object defaults to False)
+    assert set(study.TARGET_TASKS) == {"reach", "reach_slots", "pick_place", "push", "stack"}

@@ -214,11 +214,16 @@ def set_free_pos(world: World, name: str, pos: np.ndarray) -> None:
 
 
 class Task:
-    """Base class: subclasses fill ``name``, ``templates``, ``max_steps`` (at 10 Hz) and the hooks."""
+    """Base class: subclasses fill ``name``, ``templates``, ``max_steps`` (at 10 Hz) and the hooks.
+
+    ``names_object``: the instruction picks the goal's object among distractors (by colour or shape), so success
+    needs the instruction to be grounded (the drawer task names no object).
+    """
 
     name: str = ""
     templates: tuple[str, ...] = ()
     max_steps: int = 100
+    names_object: bool = False
 
     def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
         raise NotImplementedError
@@ -271,6 +276,7 @@ TASKS: Registry[Task] = Registry("sim task", hint="Register a Task in vla/sim/ta
 
 class Reach(Task):
     name = "reach"
+    names_object = True
     templates = ("touch the {target}", "reach for the {target}", "move your gripper to the {target}",
                  "put the gripper on the {target}", "tap the {target}")  # fmt: skip
     max_steps = 60
@@ -331,6 +337,7 @@ class ReachSlots(Reach):
 
 class PickPlace(Task):
     name = "pick_place"
+    names_object = True
     templates = ("put the {target} in the bowl", "place the {target} into the bowl", "pick up the {target} and "
                  "drop it in the bowl", "move the {target} to the bowl", "put the {target} inside the bowl")  # fmt: skip
     max_steps = 150
@@ -366,6 +373,7 @@ class Push(Task):
     a distractor, so the instruction must be read for both the object and the marker."""
 
     name = "push"
+    names_object = True
     templates = ("push the {target} to the {place}", "slide the {target} onto the {place}",
                  "nudge the {target} into the {place}", "shove the {target} over to the {place}")  # fmt: skip
     max_steps = 120
@@ -433,6 +441,7 @@ class Push(Task):
 
 class Stack(Task):
     name = "stack"
+    names_object = True
     templates = ("stack the {target} on the {place}", "put the {target} on top of the {place}",
                  "place the {target} onto the {place}", "pick up the {target} and set it on the {place}")  # fmt: skip
     max_steps = 150
