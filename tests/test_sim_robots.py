@@ -200,6 +200,39 @@ def test_act_keeps_the_joint_space_path_straight() -> None:
     world.close()
 
 
+def test_act_paces_each_arm_of_a_bimanual_robot_on_its_own() -> None:
+    """ALOHA's two arms are two controllers: a far target on the left arm does not slow the right arm's short move."""
+    world = build_world("aloha", seed=0, image_size=16)
+    world.reset()
+    bound = world.bound
+    lo, mid, hi = bound.arm_joint_slices
+    assert (lo, mid, hi) == (0, 6, 12)
+    home = world.robot.home_action()
+    action = home.copy()
+    left, right = bound.joint_dims[lo], bound.joint_dims[mid]  # each arm's waist
+    action[left] += 1.0
+    action[right] += 0.05  # reachable in 8 physics steps at pi rad/s
+    world.act(action, 25)  # one 20 Hz period
+    ctrl = world.data.ctrl[bound.arm_ctrl]
+    assert ctrl[lo] - home[left] == pytest.approx(math.pi * 25 * world.model.opt.timestep, rel=0.01)
+    assert ctrl[mid] == pytest.approx(action[right])
+    world.close()
+
+
+def test_act_hands_joints_without_a_speed_limit_their_target_at_once() -> None:
+    """An arm whose joints have no speed limit (``inf``, the default of a ``LinkSpec``) gets its target in one physics
+    step, as every arm did before the limits existed."""
+    world = build_world("widowx", seed=0, image_size=16)
+    world.reset()
+    bound = world.bound
+    bound.joint_vmax[:] = np.inf
+    action = world.robot.home_action()
+    action[bound.joint_dims[0]] += 1.0
+    world.act(action, 5)
+    assert world.data.ctrl[bound.arm_ctrl[0]] == pytest.approx(action[bound.joint_dims[0]])
+    world.close()
+
+
 def _finger_gap(world, arm) -> float:
     a, b = (world.data.body(j).xpos for j in arm.gripper_joints)  # finger bodies share the joints' names
     return float(np.linalg.norm(a - b))
@@ -279,6 +312,13 @@ def test_sim_embodiment_yaml_matches_robot(robot: str) -> None:
     handles = build_robot(robot, mujoco.MjSpec())
     spec = get_embodiment(f"sim_{robot}")
     assert spec == sim_embodiment_spec(handles), "YAML out of date: regenerate with sim_embodiment_spec"
+    for field in (
+        f for f in spec.action if f.kind == "joint_pos"
+    ):  # the spec tells users how fast targets are followed
+        assert (
+            "speed limit" in field.description
+            and f"{VELOCITY_LIMITS[robot][-1]:.4g} rad/s" in field.description
+        )
     assert embodiment_for(handles) == spec
     assert spec.state_dim == spec.action_dim == handles.dof + len(handles.arms) == handles.state_dim
     lo, hi = spec.limits("action")

@@ -9,7 +9,9 @@ policies use that spec; each episode's sampled arm (link lengths, limits, grippe
 (``robot_params``), and ``procedural_embodiment_spec`` gives one arm's exact spec (its limits, ``extra``).
 
 Conventions (``vla.sim.handles``): state = per arm, joint positions (rad) then gripper opening in [0, 1] (1 = open);
-action = per arm, absolute joint-position targets (rad) then a gripper command in [0, 1] (1 = open).
+action = per arm, absolute joint-position targets (rad) then a gripper command in [0, 1] (1 = open); the servo
+setpoints move toward the targets no faster than the joints' published speed limits (``World.act``), which the action
+fields' descriptions list.
 """
 
 from __future__ import annotations
@@ -25,13 +27,31 @@ SIM_CONTROL_HZ = {"aloha": 20.0}  # default 10 Hz = 50 physics steps of 2 ms per
 SIM_CHUNK_LENGTH = {"aloha": 20}  # default 10 (one second of actions)
 
 
+# How the sim follows a joint action (``vla.sim.world.World.act``); the joints' speed limits are appended.
+ACTION_JOINT_DESC = (
+    "absolute joint-position targets (PD servos); the servo setpoints move toward them along a straight line in "
+    "joint space, no joint faster than its speed limit"
+)
+
+
+def _speed_text(limits: tuple[float, ...]) -> str:
+    """The speed limits part of an action field's description, e.g. ``" (pi rad/s each)"``; ``""`` if none."""
+    if not limits or not all(math.isfinite(v) for v in limits):
+        return ""
+    if len(set(limits)) == 1:
+        return f" ({limits[0]:.4g} rad/s each)"
+    return f" ({', '.join(f'{v:.4g}' for v in limits)} rad/s)"
+
+
 def _fields(arm: ArmHandles, which: str) -> list[FieldSpec]:
     prefix = f"{arm.name}_" if arm.name else ""
     dims = tuple(f"joint{i + 1}" for i in range(arm.dof))
     low = tuple(lo for lo, _ in arm.joint_limits)
     high = tuple(hi for _, hi in arm.joint_limits)
     joint_name = f"{arm.name}_arm" if arm.name else "joint_pos"
-    joint_desc = "joint positions" if which == "state" else "absolute joint-position targets (PD servos)"
+    joint_desc = (
+        "joint positions" if which == "state" else ACTION_JOINT_DESC + _speed_text(arm.velocity_limits)
+    )
     gripper_units = (
         "normalized opening (1 = open, 0 = closed)" if which == "state" else "command (1 = open, 0 = closed)"
     )
@@ -110,7 +130,14 @@ def procedural_family_spec(dof: int) -> EmbodimentSpec:
     """
     import mujoco
 
-    from vla.sim.procedural import AXIS_PATTERNS, FINGER_OPEN, PITCH_HIGH, PITCH_LOW, TURN_LIMIT
+    from vla.sim.procedural import (
+        AXIS_PATTERNS,
+        FINGER_OPEN,
+        JOINT_VELOCITY,
+        PITCH_HIGH,
+        PITCH_LOW,
+        TURN_LIMIT,
+    )
     from vla.sim.robots import build_robot
 
     if dof not in AXIS_PATTERNS:
@@ -118,11 +145,18 @@ def procedural_family_spec(dof: int) -> EmbodimentSpec:
     handles = build_robot("procedural", mujoco.MjSpec(), seed=0, dof=dof)
     limits = tuple((-PITCH_LOW[1], PITCH_HIGH[1]) if axis == "y" else (-TURN_LIMIT[1], TURN_LIMIT[1])
                    for axis in AXIS_PATTERNS[dof])  # fmt: skip
-    arm = dataclasses.replace(handles.arms[0], joint_limits=limits, gripper_range=(0.0, FINGER_OPEN[1]))
+    arm = dataclasses.replace(handles.arms[0], joint_limits=limits, gripper_range=(0.0, FINGER_OPEN[1]),
+                              velocity_limits=())  # fmt: skip
     spec = sim_embodiment_spec(dataclasses.replace(handles, arms=(arm,), params={}),
                                name=f"sim_procedural_{dof}dof")  # fmt: skip
+    speed = (f"{ACTION_JOINT_DESC} (one per arm, drawn in [{JOINT_VELOCITY[0]:.4g}, {JOINT_VELOCITY[1]:.4g}] rad/s: "
+             "episode metadata robot_params.joint_velocity_limit)")  # fmt: skip
+    action = tuple(
+        dataclasses.replace(f, description=speed) if f.kind == "joint_pos" else f for f in spec.action
+    )
     return dataclasses.replace(
         spec,
+        action=action,
         description=f"MuJoCo procedural {dof}-DoF arms (vla.sim.procedural; links, limits and gripper vary per "
         "episode, recorded in episode metadata robot_params): absolute joint-position targets + gripper (1 = open).",
         sources=(
