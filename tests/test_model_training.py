@@ -329,41 +329,59 @@ def test_overwriting_a_checkpoint_never_loses_both_and_cleans_up_after_a_killed_
 def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """bf16 training on the CPU takes the attention kernel measured faster on this machine (CPU families disagree),
-    or the pinned one; a training checkpoint records it and a resumed run pins it."""
+    """bf16 training on the CPU takes the attention kernel measured fastest on this machine (CPU families disagree),
+    or the pinned one; every kernel gives the same loss and gradients within bf16's precision; a training checkpoint
+    records the choice and a resumed run pins it."""
     from vla.models import attention
 
-    calls = {"explicit": 0}
-    real = attention.grouped_attention
+    calls = dict.fromkeys(attention.KERNELS, 0)
+    real = attention.attend
 
-    def counting(*args: object, **kwargs: object) -> torch.Tensor:
-        calls["explicit"] += 1
-        return real(*args, **kwargs)
+    def counting(kernel: str, *args: object, **kwargs: object) -> torch.Tensor:
+        calls[kernel] += 1
+        return real(kernel, *args, **kwargs)
 
-    monkeypatch.setattr(attention, "grouped_attention", counting)
+    monkeypatch.setattr(attention, "attend", counting)
     monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
     model = tiny_model().train()
     batch = synthetic_batch(model, batch_size=2)
 
-    def step() -> int:
-        calls["explicit"] = 0
+    def step() -> tuple[dict[str, int], float, torch.Tensor]:
+        calls.update(dict.fromkeys(calls, 0))
+        model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, _ = model.loss(batch, generator=torch.Generator().manual_seed(0))
         loss.backward()
-        return calls["explicit"]
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return dict(calls), float(loss), grads
 
     try:
-        attention.pin_cpu_bf16_kernel("explicit")
-        assert step() > 0 and attention.cpu_bf16_kernel_choices() == {"pinned": "explicit"}
-        attention.pin_cpu_bf16_kernel("sdpa")
-        assert step() == 0
+        results = {}
+        for kernel in attention.KERNELS:
+            attention.pin_cpu_bf16_kernel(kernel)
+            used, loss, grads = step()
+            assert used[kernel] > 0 and sum(used.values()) == used[kernel], (kernel, used)
+            assert attention.cpu_bf16_kernel_choices() == {"pinned": kernel}
+            results[kernel] = (loss, grads)
+        ref_loss, ref_grads = results["sdpa_fp32"]  # the most exact of the three
+        for kernel, (loss, grads) in results.items():
+            assert loss == pytest.approx(ref_loss, rel=0.02), kernel
+            assert torch.linalg.vector_norm(grads - ref_grads) <= 0.05 * torch.linalg.vector_norm(
+                ref_grads
+            ), kernel
         attention.pin_cpu_bf16_kernel(None)
         attention._chosen.clear()
-        used = step()  # measures (4 timed calls of each kernel per head layout), then uses the faster
+        used, _, _ = step()  # measures (4 timed calls of each kernel per head layout), then uses the fastest
         choices = attention.cpu_bf16_kernel_choices()
         assert choices and set(choices.values()) <= set(attention.KERNELS)
-        assert (used > 4 * len(choices)) == ("explicit" in choices.values()), (used, choices)
+        for kernel in attention.KERNELS:  # beyond the measurement, only chosen kernels ran
+            assert (used[kernel] > 4 * len(choices)) == (kernel in choices.values()), (used, choices)
         with pytest.raises(ValueError, match="one of"):
             attention.pin_cpu_bf16_kernel("flash")
+        monkeypatch.setenv(attention.KERNEL_ENV, "flash")
+        with pytest.raises(
+            ValueError, match=r"VLA_CPU_BF16_ATTENTION='flash': must be one of sdpa, explicit"
+        ):
+            step()
     finally:
         attention.pin_cpu_bf16_kernel(None)

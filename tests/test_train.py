@@ -388,7 +388,8 @@ def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -
         # the checkpoint's record, flipped: the resumed run must take it over rather than measure again
         meta_file = first.last_checkpoint / "train_state" / "trainer.json"
         meta = json.loads(meta_file.read_text())
-        flipped = {k: "sdpa" if v == "explicit" else "explicit" for k, v in chosen.items()}
+        ks = attention.KERNELS
+        flipped = {k: ks[(ks.index(v) + 1) % len(ks)] for k, v in chosen.items()}
         meta_file.write_text(json.dumps({**meta, "cpu_bf16_attention": flipped}))
         attention._chosen.clear()
         train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)

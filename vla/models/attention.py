@@ -29,9 +29,11 @@ from transformers.models.llama.modeling_llama import rotate_half
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
 
-#: ``VLA_CPU_BF16_ATTENTION=sdpa|explicit`` pins the kernel of bf16 training on the CPU; ``auto`` (default) measures.
+#: ``VLA_CPU_BF16_ATTENTION=sdpa|explicit|sdpa_fp32`` pins the kernel of bf16 training on the CPU; ``auto``
+#: (default) measures. ``sdpa_fp32`` runs SDPA on float32 copies of q/k/v outside autocast (more exact, and on CPUs
+#: whose bf16 SDPA backward is slow, e.g. an AVX-512-BF16 EPYC without AMX, faster).
 KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
-KERNELS = ("sdpa", "explicit")
+KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 _chosen: dict[tuple[int, int, int], str] = {}  # (query heads, kv heads, head dim) -> kernel, once per process
 _pinned: str | None = None
 
@@ -70,7 +72,7 @@ def _bf16_cpu(x: torch.Tensor) -> bool:
 
 
 def pin_cpu_bf16_kernel(kernel: str | None) -> None:
-    """Use ``kernel`` ("sdpa" or "explicit") for bf16 training attention on the CPU from now on (None: measure).
+    """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on (None: measure).
     A resumed run pins the kernel its checkpoint was trained with, so resuming never switches kernels."""
     global _pinned
     if kernel is not None and kernel not in KERNELS:
@@ -101,9 +103,11 @@ def _cpu_bf16_kernel(
     """The faster attention kernel of a bf16 forward + backward on this CPU, measured once per head layout.
 
     CPU families disagree: on an AMX Xeon SDPA's bf16 backward took ~3x the explicit grouped form at the expert's
-    shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's (``benchmarks/attention.py``), so
-    the choice is measured here, on copies of the first inputs, and logged."""
+    shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's, and SDPA in float32 ~0.5x its bf16
+    self (``benchmarks/attention.py``), so the choice is measured here, on copies of the first inputs, and logged."""
     env = os.environ.get(KERNEL_ENV, "auto")
+    if env not in (*KERNELS, "auto"):
+        raise ValueError(f"{KERNEL_ENV}={env!r}: must be one of {', '.join(KERNELS)} or auto (measure)")
     if _pinned is not None or env in KERNELS:
         return _pinned or env
     key = (q.shape[1], k.shape[1], q.shape[3])
@@ -122,16 +126,35 @@ def _measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
         for i in range(4):  # interleaved; the first round warms both up and is not counted
             for kind in KERNELS if i % 2 == 0 else KERNELS[::-1]:
                 t0 = time.perf_counter()
-                if kind == "sdpa":
-                    out = F.scaled_dot_product_attention(
-                        *copies, attn_mask=mask, scale=scale, enable_gqa=True
-                    )
-                else:
-                    out = grouped_attention(*copies, mask, scale)
-                out.float().sum().backward()
+                attend(kind, *copies, mask, scale).float().sum().backward()
                 if i:
                     times[kind].append(time.perf_counter() - t0)
     return min(KERNELS, key=lambda kind: statistics.median(times[kind]))
+
+
+def attend(
+    kernel: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention ``[B, H, Tq, d]`` of ``q`` ``[B, H, Tq, d]`` over ``k``/``v`` ``[B, KV, Tk, d]`` (boolean ``mask``
+    ``[B, 1, Tq, Tk]``, True = may attend) with ``kernel``: "sdpa" (PyTorch's fused kernel, grouped-query without
+    repeating K/V), "explicit" (``grouped_attention``; the only one with logit soft-capping) or "sdpa_fp32" (SDPA
+    on float32 copies outside autocast, the result in ``q``'s dtype)."""
+    if softcap or kernel == "explicit":
+        return grouped_attention(q, k, v, mask, scale, softcap)
+    gqa = q.shape[1] != k.shape[1]
+    if kernel == "sdpa_fp32":
+        with torch.autocast(q.device.type, enabled=False):
+            out = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=mask, scale=scale, enable_gqa=gqa
+            )
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 def grouped_attention(
@@ -223,23 +246,15 @@ class SharedKVLayer(nn.Module):
         """Attention of ``q`` over ``k``/``v`` with boolean ``mask`` ``[B, 1, Tq, Tk]``, then the output projection:
         ``[B, Tq, hidden]``.
 
-        SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or faster: bf16
-        training on the CPU, where the faster of the two is measured per machine (``_cpu_bf16_kernel``)."""
+        SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or another kernel is
+        faster: bf16 training on the CPU, where the fastest of ``KERNELS`` is measured per machine
+        (``_cpu_bf16_kernel``)."""
         attn = self.self_attn
         softcap = getattr(attn, "attn_logit_softcapping", None)
-        explicit = bool(softcap) or (
-            q.device.type == "cpu"
-            and torch.is_grad_enabled()
-            and q.requires_grad
-            and _bf16_cpu(q)
-            and _cpu_bf16_kernel(q, k, v, mask, attn.scaling) == "explicit"
-        )
-        if explicit:
-            out = grouped_attention(q, k, v, mask, attn.scaling, softcap)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
-            )
+        kernel = "sdpa"
+        if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad and _bf16_cpu(q):
+            kernel = _cpu_bf16_kernel(q, k, v, mask, attn.scaling)
+        out = attend(kernel, q, k, v, mask, attn.scaling, softcap)
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
         return attn.o_proj(out)
 
