@@ -19,7 +19,10 @@ backbone frozen, the same number of steps, the first ``--warmup`` steps not coun
 * LeRobot: ``lerobot-train`` with SmolVLA on CPU (``benchmarks/peer_lerobot_train.py`` in the peer venv), timed from
   its own per-step ``updt_s`` + ``data_s`` log fields; fp32 and bf16 (``policy.use_amp``).
 
-Per side and precision: samples/s over all timed steps and at the median step (a shared machine's bursts hit
+With ``--rounds N`` (default 1) every run of both sides is repeated N times, the order alternating between rounds
+(ours first, then LeRobot first), and each speed-up is the median over rounds of the ratio within a round: runs
+minutes apart on a shared VM drift by 10-20 %, runs side by side much less. Each side's reported run is its median
+round's. Per side and precision: samples/s over all timed steps and at the median step (a shared machine's bursts hit
 single steps of either side; the median is robust to them), data-wait fraction of step time (ours: waiting for the
 batch; LeRobot's ``data_s`` also holds its preprocessor, which runs in the main process), MFU (the FLOPs of one
 training step counted by the model benchmark, over the step time, against the same dtype's matmul peak measured by
@@ -28,7 +31,7 @@ process and of the largest process (loader workers included). On CPUs without na
 AVX512-BF16/AMX) bf16 autocast is far slower than fp32 on both sides; its MFU against that dtype's tiny matmul peak
 exceeds 1 because autocast keeps much of the step in fp32.
 
-    .venv/bin/python benchmarks/train.py [--steps 30] [--warmup 5] [--skip-peer] [--out FILE.json]
+    .venv/bin/python benchmarks/train.py [--steps 30] [--warmup 5] [--rounds 1] [--skip-peer] [--out FILE.json]
 
 The peer runs only where its venv exists (``../shared/peer/setup_lerobot_venv.sh``; ``$PEER_VENV``).
 """
@@ -143,7 +146,10 @@ def child_ours(job: dict) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     res = summarize_metrics(rows, job)
     (meta_file,) = run_dir.glob("checkpoints/step-*/train_state/trainer.json")
-    res["compile_frozen"] = json.loads(meta_file.read_text()).get("compile_frozen")  # parts, compile seconds
+    meta = json.loads(meta_file.read_text())
+    res["compile_frozen"] = meta.get("compile_frozen")  # parts, compile seconds
+    # the attention kernel bf16 training measured fastest, per head layout
+    res["cpu_bf16_attention"] = meta.get("cpu_bf16_attention")
     res |= {
         "wall_s_total": wall,
         "command": "vla " + " ".join(cmd[3:]),
@@ -174,8 +180,18 @@ def mfu(side: dict, flops: float | None, peak: dict, dtype: str, batch: int) -> 
     return out
 
 
+def median_round(runs: list[dict]) -> dict:
+    """The run of the median round by samples/s (the lower middle one of an even count), with every round's rates."""
+    ranked = sorted(runs, key=lambda r: r.get("samples_per_s") or 0.0)
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) > 1:
+        out["rounds"] = {rate: [r.get(rate) for r in runs] for rate in RATES}
+    return out
+
+
 def compare(res: dict, batch: int) -> None:
-    """Speed-ups (ours over LeRobot's samples/s), MFU and the targets: ours >= 1.5x LeRobot, data wait < 5 %."""
+    """Speed-ups (ours over LeRobot's samples/s; with several rounds the median of the within-round ratios), MFU and
+    the targets: ours >= 1.5x LeRobot, data wait < 5 %."""
     flops = res["flops"].get("flops_per_step")
     peak = res["matmul_peak"]
     peer = res.get("peer_lerobot", {})
@@ -186,7 +202,11 @@ def compare(res: dict, batch: int) -> None:
     for rate in RATES:
         for ours, o in res["ours"].items():
             for theirs, p in peer.items():
-                if o.get(rate) and p.get(rate):
+                if "rounds" in o and "rounds" in p:  # side by side within each round
+                    pairs = [a / b for a, b in zip(o["rounds"][rate], p["rounds"][rate]) if a and b]
+                    if pairs:
+                        ratios[rate][f"ours_{ours}_vs_lerobot_{theirs}"] = statistics.median(pairs)
+                elif o.get(rate) and p.get(rate):
                     ratios[rate][f"ours_{ours}_vs_lerobot_{theirs}"] = o[rate] / p[rate]
         for ours in res["ours"]:  # against LeRobot at the same precision
             ratio = ratios[rate].get(f"ours_{ours}_vs_lerobot_{ours.split('_')[0]}")
@@ -215,6 +235,9 @@ def main() -> None:
                     help="our side's train.compile modes (never: eager; always: the frozen backbone compiled)")  # fmt: skip
     ap.add_argument("--peer-precisions", default="fp32,bf16")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="repeat every run; speed-ups = median within-round ratio"
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.cmd == "_child":
@@ -222,6 +245,8 @@ def main() -> None:
         return
     if args.warmup < 1 or args.steps <= args.warmup:
         ap.error(f"need 1 <= --warmup < --steps, got warmup {args.warmup}, steps {args.steps}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     from data_loader import ensure_lerobot_dataset
 
     from vla.data.readers import open_dataset
@@ -251,6 +276,7 @@ def main() -> None:
             "model": "configs/model/bench_smolvla.yaml",
             "image_size": args.image_size,
             "frozen_backbone": True,
+            "rounds": args.rounds,
         },
         "dataset": {"path": str(dataset), "provenance": provenance, "robot_type": robot_type},
         "ours": {},
@@ -267,17 +293,30 @@ def main() -> None:
         "flops_per_step": counted.get("flops_per_step"),
         "counted_by": "benchmarks/model.py child_train",
     }
-    for precision in args.precisions.split(","):
-        for compile_mode in args.compile.split(","):
-            job = {**common, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
-                   "dataset": str(dataset), "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
-            name = precision if compile_mode == "never" else f"{precision}_compiled"
-            res["ours"][name] = run_child(__file__, job)
-    if not args.skip_peer:
-        res["peer_lerobot"] = {}
+    ours: dict[str, list[dict]] = {}
+    theirs: dict[str, list[dict]] = {}
+
+    def run_ours() -> None:
+        for precision in args.precisions.split(","):
+            for compile_mode in args.compile.split(","):
+                job = {**common, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
+                       "dataset": str(dataset), "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
+                name = precision if compile_mode == "never" else f"{precision}_compiled"
+                ours.setdefault(name, []).append(run_child(__file__, job))
+
+    def run_peer() -> None:
         for amp in args.peer_precisions.split(","):
             job = {**common, "amp": amp, "threads": args.threads, "root": str(dataset)}
-            res["peer_lerobot"][amp] = run_in_peer_venv(str(BENCH_DIR / "peer_lerobot_train.py"), job)
+            theirs.setdefault(amp, []).append(run_in_peer_venv(str(BENCH_DIR / "peer_lerobot_train.py"), job))
+
+    for i in range(args.rounds):  # alternate who goes first, so drift over a round hits both sides alike
+        order = (run_ours, run_peer) if i % 2 == 0 else (run_peer, run_ours)
+        for run in order:
+            if run is run_ours or not args.skip_peer:
+                run()
+    res["ours"] = {name: median_round(runs) for name, runs in ours.items()}
+    if not args.skip_peer:
+        res["peer_lerobot"] = {amp: median_round(runs) for amp, runs in theirs.items()}
     # measured again at the end: on a shared machine one measurement can land in another job's burst
     peaks.append(run_child(model_py, peak_job))
     res["matmul_peak"] = {

@@ -71,6 +71,7 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
     def result(day: str, cpu: str, fp32_ratio: float, time: str = "12:00:00") -> dict:
         r = json.loads(json.dumps(committed))
         r["started"], r["cpu_model"] = f"{day}T{time}", cpu
+        r["setting"]["rounds"] = 1  # one round: the ratio is ours over the peer's (several: the script's own)
         r["ours"]["fp32"]["samples_per_s"] = 10.0 * fp32_ratio
         r["peer_lerobot"]["fp32"]["samples_per_s"] = 10.0
         return r
@@ -143,3 +144,32 @@ def test_ours_and_the_peers_latency_percentiles_are_one_function() -> None:
         assert "quantiles(" not in source and "round(0.99" not in source, (
             f"{script} computes its own percentiles"
         )
+
+
+def test_train_benchmark_rounds_compare_side_by_side() -> None:
+    """With several rounds the speed-up is the median of the ratios within a round (runs side by side), not the
+    ratio of each side's median: a VM that drifts between rounds must not decide it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import train
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    ours = [{"samples_per_s": v, "samples_per_s_median_step": v} for v in (10.0, 20.0, 12.0)]
+    peer = [{"samples_per_s": v, "samples_per_s_median_step": v} for v in (5.0, 16.0, 10.0)]
+    res = {
+        "ours": {"bf16": train.median_round(ours)},
+        "peer_lerobot": {"bf16": train.median_round(peer)},
+        "flops": {},
+        "matmul_peak": {},
+    }
+    assert res["ours"]["bf16"]["samples_per_s"] == 12.0  # the median round's run is the one reported
+    assert res["ours"]["bf16"]["rounds"]["samples_per_s"] == [10.0, 20.0, 12.0]
+    train.compare(res, batch=8)
+    # within-round ratios 2.0, 1.25, 1.2 -> median 1.25 (the ratio of the medians would say 1.2)
+    assert res["speedup"]["samples_per_s"]["ours_bf16_vs_lerobot_bf16"] == pytest.approx(1.25)
+    assert res["targets"]["bf16_speedup_ge_1.5x_by_samples_per_s"] is False
+    single = {"ours": {"bf16": train.median_round(ours[:1])}, "peer_lerobot": {"bf16": train.median_round(peer[:1])},
+              "flops": {}, "matmul_peak": {}}  # fmt: skip
+    assert "rounds" not in single["ours"]["bf16"]
+    train.compare(single, batch=8)
+    assert single["speedup"]["samples_per_s"]["ours_bf16_vs_lerobot_bf16"] == pytest.approx(2.0)
