@@ -251,8 +251,16 @@ class SharedKVLayer(nn.Module):
         (``_cpu_bf16_kernel``)."""
         attn = self.self_attn
         softcap = getattr(attn, "attn_logit_softcapping", None)
-        kernel = "sdpa"
-        if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad and _bf16_cpu(q):
+        kernel = (
+            "explicit" if softcap else "sdpa"
+        )  # soft-capping: only the explicit form has it, nothing to measure
+        if (
+            not softcap
+            and q.device.type == "cpu"
+            and torch.is_grad_enabled()
+            and q.requires_grad
+            and _bf16_cpu(q)
+        ):
             kernel = _cpu_bf16_kernel(q, k, v, mask, attn.scaling)
         out = attend(kernel, q, k, v, mask, attn.scaling, softcap)
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
