@@ -69,10 +69,10 @@ def _row(
 ) -> Row:
     """One line of the table. ``ratio`` is how many times better ours is (``better``: which direction is better);
     given, it is the script's own (e.g. a median of side-by-side ratios), else ours over the peer's."""
-    if isinstance(ratio, int | float):
-        return {"what": what, "unit": unit, "ours": ours, "peer": peer, "times_better": ratio, "note": note}
-    if isinstance(ours, int | float) and isinstance(peer, int | float) and ours and peer:
-        ratio = ours / peer if better == "higher" else peer / ours
+    if not isinstance(ratio, int | float):
+        ratio = None
+        if isinstance(ours, int | float) and isinstance(peer, int | float) and ours and peer:
+            ratio = ours / peer if better == "higher" else peer / ours
     return {"what": what, "unit": unit, "ours": ours, "peer": peer, "times_better": ratio, "note": note}
 
 
