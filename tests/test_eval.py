@@ -186,6 +186,32 @@ def test_expert_reaches_its_success_rate_and_random_does_not(
     assert kin["episodes"] == 1 and kin["episodes_detail"][0]["steps"] == 3
 
 
+def test_a_policy_that_outputs_nan_fails_its_episodes_flagged_and_the_run_goes_on(tmp_path: Path, monkeypatch) -> None:
+    """A broken policy's NaN action ends that episode as a counted failure, not the whole evaluation."""
+    import vla.eval.policies as policies
+    import vla.eval.rollout as rollout
+
+    class NaNAfterTwo:
+        def reset(self, env, seed: int) -> None:
+            self.calls = 0
+
+        def act(self, obs, env, steps: int) -> list[np.ndarray]:
+            self.calls += 1
+            action = env.expert_action()
+            if self.calls > 2:
+                action[0] = np.nan
+            return [action]
+
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: NaNAfterTwo())
+    monkeypatch.setattr(rollout, "_CONTEXT", None)
+    res = evaluate(EvalConfig(policy="nan", embodiment="widowx", task="reach", episodes=2, image_size=32,
+                              max_steps=10, out=str(tmp_path / "nan")), progress_bar=False)  # fmt: skip
+    monkeypatch.setattr(rollout, "_CONTEXT", None)  # no later test may reuse this policy
+    assert res["episodes"] == 2 and res["successes"] == 0 and res["non_finite_actions"] == 2
+    assert [(e["steps"], e["non_finite_action"]) for e in res["episodes_detail"]] == [(3, True), (3, True)]
+    assert res["physics_diverged"] == 0
+
+
 def test_checkpoint_through_the_policy_is_deterministic(tiny_checkpoint: Path, tmp_path: Path) -> None:
     kw = {"policy": str(tiny_checkpoint), "embodiment": "widowx", "task": "reach", "episodes": 2, "image_size": 32,
           "max_steps": 10, "execute_steps": 4, "video_every": 1}  # fmt: skip

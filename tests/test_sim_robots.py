@@ -180,6 +180,18 @@ def test_arm_speed_limits_must_be_positive() -> None:
         dataclasses.replace(PANDA, links=(link, *PANDA.links[1:]))
 
 
+def test_arm_handles_need_one_speed_limit_per_joint(world) -> None:
+    """A handle set whose speed limits do not line up with its joints would pace the wrong joints."""
+    arm = world.robot.arms[0]
+    with pytest.raises(ValueError, match=rf"{arm.dof - 1} velocity_limits for {arm.dof} joints"):
+        dataclasses.replace(arm, velocity_limits=arm.velocity_limits[:-1])
+    with pytest.raises(ValueError, match=r"must all be > 0 rad/s"):
+        dataclasses.replace(arm, velocity_limits=(0.0,) * arm.dof)
+    with pytest.raises(ValueError, match=rf"{arm.dof + 1} home for {arm.dof} joints"):
+        dataclasses.replace(arm, home=(*arm.home, 0.0))
+    assert dataclasses.replace(arm, velocity_limits=()).velocity_limits == ()  # none: targets at once
+
+
 def test_act_keeps_the_joint_space_path_straight() -> None:
     """Joints asked to move by different amounts arrive together (a synchronized point-to-point motion): clipping
     each joint to its own limit would move them in another direction first and bend the TCP's path."""
@@ -216,6 +228,32 @@ def test_act_paces_each_arm_of_a_bimanual_robot_on_its_own() -> None:
     ctrl = world.data.ctrl[bound.arm_ctrl]
     assert ctrl[lo] - home[left] == pytest.approx(math.pi * 25 * world.model.opt.timestep, rel=0.01)
     assert ctrl[mid] == pytest.approx(action[right])
+    world.close()
+
+
+def test_act_rejects_non_finite_targets_and_survives_huge_ones_on_continuous_joints() -> None:
+    """NaN or inf targets are an error naming the dims, with nothing written to the servos; a huge finite target on
+    a continuous joint (Kinova Gen3's joint 1 has no position limit) ramps at the speed limit instead of overflowing
+    the ramp's step count; every one of the period's n physics steps runs."""
+    world = build_world("kinova_gen3", seed=0, image_size=16)
+    world.reset()
+    bound = world.bound
+    assert np.isinf(bound.joint_low[0])  # the premise: a continuous joint
+    home = world.robot.home_action()
+    before = world.data.ctrl.copy()
+    for bad in (np.nan, np.inf, -np.inf):
+        action = home.copy()
+        action[bound.joint_dims[2]] = bad
+        with pytest.raises(ValueError, match=r"non-finite values at dims \[2\]"):
+            world.act(action, 5)
+        np.testing.assert_array_equal(world.data.ctrl, before)
+    action = home.copy()
+    action[bound.joint_dims[0]] = 1e300
+    t0 = world.data.time
+    world.act(action, 7)
+    assert world.data.time == pytest.approx(t0 + 7 * world.model.opt.timestep)
+    moved = world.data.ctrl[bound.arm_ctrl[0]] - home[bound.joint_dims[0]]
+    assert moved == pytest.approx(bound.joint_vmax[0] * 7 * world.model.opt.timestep, rel=1e-6)
     world.close()
 
 

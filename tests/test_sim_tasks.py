@@ -325,6 +325,23 @@ def test_a_simulation_that_blows_up_ends_the_episode_as_a_failure() -> None:
     env.close()
 
 
+def test_a_non_finite_policy_action_ends_the_episode_as_a_flagged_failure() -> None:
+    """A policy that outputs NaN has failed; the episode ends there (nothing simulated, the servos untouched) and
+    says why, instead of one broken episode aborting a whole evaluation."""
+    env = make("widowx", "reach", image_size=16)
+    env.reset(seed=0)
+    *_, info = env.step(env.expert_action())
+    assert info["non_finite_action"] is False
+    ctrl, t = env.world.data.ctrl.copy(), env.world.data.time
+    action = env.expert_action()
+    action[1] = np.nan
+    _, reward, terminated, truncated, info = env.step(action)
+    assert info["non_finite_action"] and truncated and not terminated and reward == 0.0 and not info["success"]
+    assert not info["physics_diverged"] and env.world.data.time == t
+    np.testing.assert_array_equal(env.world.data.ctrl, ctrl)
+    env.close()
+
+
 @pytest.mark.parametrize("robot", ["panda", "kinova_gen3"])
 def test_random_actions_under_reality_proxy_move_joints_at_about_their_speed_limits(robot: str) -> None:
     """Uniform random joint targets under `reality_proxy` (soft damping, latency) used to swing these arms at

@@ -105,7 +105,7 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
     frames = [obs["images"]["primary"]] if record else []
     queue: list[np.ndarray] = []
     policy_s = sim_s = 0.0
-    steps, calls, success, diverged = 0, 0, False, False
+    steps, calls, success, diverged, non_finite = 0, 0, False, False, False
     distances: list[float] = []  # TCP to the named object's top, per step (tasks whose goal names an object)
     # the object the TCP is over (horizontally nearest) at the episode's last step that had one: where it went
     ended: tuple[str, float, bool] | None = None
@@ -130,6 +130,7 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         if terminated or truncated:
             success = bool(step_info["success"])
             diverged = bool(step_info.get("physics_diverged", False))
+            non_finite = bool(step_info.get("non_finite_action", False))
             break
     row = {
         "index": index,
@@ -137,6 +138,7 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         "success": success,
         "steps": steps,
         "physics_diverged": diverged,  # the simulation blew up (a failure, ended there)
+        "non_finite_action": non_finite,  # the policy output NaN or inf (a failure, ended there)
         # closest and last distance (m) of the TCP to the named object's top: graded progress next to success
         "min_target_distance_m": round(min(distances), 5) if distances else None,
         "final_target_distance_m": round(distances[-1], 5) if distances else None,
@@ -238,6 +240,7 @@ def summarize(cfg_fields: dict[str, Any], rows: list[dict[str, Any]]) -> dict[st
         "randomization": cfg_fields["randomization"],
         **summary,
         "physics_diverged": count_diverged(rows),
+        "non_finite_actions": sum(bool(r.get("non_finite_action")) for r in rows),
         "seed": cfg_fields["seed"],
         "execute_steps": cfg_fields.get("execute_steps"),
         "breakdown": {key: grouped_summary(rows, key) for key in ("task", "embodiment", "level")},

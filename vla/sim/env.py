@@ -147,6 +147,14 @@ class VLASimEnv(gym.Env):
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         assert self.world is not None and self.setup is not None, "call reset() first"
         action = np.asarray(action, np.float64)
+        if not np.isfinite(action).all():
+            # a policy that outputs NaN or inf has failed: the servos cannot follow it, and one broken episode
+            # must not end a whole evaluation. End the episode here as a failure, flagged, nothing simulated.
+            self.step_index += 1
+            info = {"instruction": self.instruction, "task": self.task.name, "success": False,
+                    "physics_diverged": False, "non_finite_action": True, "target_distance_m": None,
+                    "nearest_object": None}  # fmt: skip
+            return self._obs(), 0.0, False, True, info
         if self.randomizer is not None:
             action = np.asarray(self.randomizer.act(action, self.step_index, self._rng), np.float64)
         substeps = self.substeps * self._period_scale
@@ -163,7 +171,7 @@ class VLASimEnv(gym.Env):
         truncated = diverged or (self.step_index >= self.max_steps and not success)
         nearest = None if diverged else self.task.nearest_object(self.world, self.setup)
         info = {"instruction": self.instruction, "task": self.task.name, "success": success,
-                "physics_diverged": diverged,
+                "physics_diverged": diverged, "non_finite_action": False,
                 "target_distance_m": None if diverged else self.task.target_distance(self.world, self.setup),
                 # (object the TCP is nearest over, horizontal distance m, whether it is the named one)
                 "nearest_object": None if nearest is None else

@@ -42,6 +42,21 @@ class ArmHandles:
     pad_inset: float = 0.0  # m, finger pads' inner faces inward of the joint positions
     velocity_limits: tuple[float, ...] = ()  # rad/s per joint (the servo setpoint's top speed); () = none
 
+    def __post_init__(self) -> None:
+        n = len(self.joints)
+        for field_name in ("actuators", "joint_limits", "home"):
+            if len(getattr(self, field_name)) != n:
+                raise ValueError(
+                    f"arm {self.name!r}: {len(getattr(self, field_name))} {field_name} for {n} joints {self.joints}"
+                )
+        if self.velocity_limits and len(self.velocity_limits) != n:
+            raise ValueError(
+                f"arm {self.name!r}: {len(self.velocity_limits)} velocity_limits for {n} joints {self.joints} "
+                "(one per joint in rad/s, or () for none)"
+            )
+        if any(not v > 0 for v in self.velocity_limits):
+            raise ValueError(f"arm {self.name!r}: velocity_limits {self.velocity_limits} must all be > 0 rad/s")
+
     @property
     def jaw_range(self) -> tuple[float, float]:
         """Gap between the finger pads (m), (closed, open)."""
@@ -170,6 +185,12 @@ class BoundRobot:
             raise ValueError(
                 f"{self.handles.robot}: action has shape {action.shape}, expected "
                 f"({len(self.joint_dims) + len(self.gripper_dims)},) = joints + one gripper per arm"
+            )
+        bad = np.flatnonzero(~np.isfinite(action))
+        if bad.size:
+            raise ValueError(
+                f"{self.handles.robot}: action has non-finite values at dims {bad.tolist()} "
+                f"({action[bad].tolist()}); a servo cannot follow NaN or inf targets (check the policy's output)"
             )
         data.ctrl[self.arm_ctrl] = np.clip(action[self.joint_dims], self.joint_low, self.joint_high)
         grip = np.clip(action[self.gripper_dims], 0.0, 1.0)

@@ -88,7 +88,7 @@ class World:
         several periods instead of being handed to a stiff servo as a step (which would swing the arm, and any
         object it hits, at speeds no real arm reaches), and the path between targets is the one asked for
         (clipping each joint on its own would bend it, e.g. into the table). Targets within reach are held for the
-        rest of the period. ``n`` must be >= 1.
+        rest of the period. ``n`` must be >= 1; a non-finite action is a ValueError (nothing is written to ctrl).
         """
         if n < 1:
             raise ValueError(f"World.act: a control period needs at least one physics step, got n={n}")
@@ -100,7 +100,7 @@ class World:
         ramp = np.ones_like(delta)  # per joint: physics steps its arm's ramp takes (at least 1)
         for lo, hi in zip(b.arm_joint_slices[:-1], b.arm_joint_slices[1:]):
             ramp[lo:hi] = max(1.0, float(np.ceil(np.max(np.abs(delta[lo:hi]) / per_step[lo:hi]))))
-        steps = min(n, int(ramp.max()))
+        steps = int(min(n, ramp.max()))  # compared as floats: a huge delta on a continuous joint is an inf ramp
         for k in range(1, steps + 1):
             d.ctrl[b.arm_ctrl] = start + delta * np.minimum(1.0, k / ramp)
             mujoco.mj_step(self.model, self.data)
