@@ -212,7 +212,7 @@ def test_draft_errors_name_the_problem(my_arm: Path, tmp_path: Path) -> None:
         write_draft(my_arm, "my_arm", tmp_path / "my_arm.json")
 
 
-def test_get_embodiment_by_path(tmp_path: Path, registry_restored: None) -> None:
+def test_get_embodiment_by_path(tmp_path: Path, registry_restored: None, caplog: pytest.LogCaptureFixture) -> None:
     assert get_embodiment("widowx_bridge").name == "widowx_bridge"  # names keep working
     with pytest.raises(FileNotFoundError, match=r"missing\.yaml does not exist.*vla embodiment draft"):
         get_embodiment(tmp_path / "missing.yaml")
@@ -230,6 +230,14 @@ def test_get_embodiment_by_path(tmp_path: Path, registry_restored: None) -> None
     assert register_embodiment(EmbodimentSpec.from_dict(spec)) is get_embodiment(
         "ur5e_copy"
     )  # same spec: no-op
+    # only prose differs (a checkpoint saved before a built-in spec's descriptions were edited): the registered
+    # spec is used, with a warning
+    prose = json.loads(json.dumps(spec))
+    prose["description"] = "an older text"
+    prose["action"][0]["description"] = "joints, before speed limits were stated"
+    with caplog.at_level("WARNING", logger="vla.embodiments"):
+        assert register_embodiment(EmbodimentSpec.from_dict(prose)) is get_embodiment("ur5e_copy")
+    assert "only in its descriptions or sources" in caplog.text
     spec["control_hz"] = 99.0
-    with pytest.raises(SpecError, match="already registered with a different spec"):
+    with pytest.raises(SpecError, match=r"already registered with a different spec \(differs in \['control_hz'\]\)"):
         register_embodiment(EmbodimentSpec.from_dict(spec))

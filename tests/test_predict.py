@@ -266,3 +266,24 @@ def test_the_checkpoints_preprocessing_is_applied(
     moved = np.array(predict(capsys, own, dataset, *args)["actions"])
     quantile = np.array([m == "quantile" for m in SPEC.norm_modes("action")])
     np.testing.assert_allclose(moved[:, quantile] - np.array(base["actions"])[:, quantile], 0.25, atol=1e-5)
+
+
+def test_a_checkpoint_whose_spec_text_is_older_still_loads(
+    checkpoint: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint saved before a built-in spec's descriptions were edited (e.g. the sim arms' joint speed limits
+    added to their action text) predicts as before; a changed field that matters is still refused."""
+    import yaml
+
+    old = tmp_path / "old"
+    shutil.copytree(checkpoint, old)
+    path = old / "embodiments" / f"{EMBODIMENT}.yaml"
+    spec = yaml.safe_load(path.read_text())
+    spec["action"][0]["description"] = "an older text"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    fresh = predict(capsys, checkpoint, dataset, "--episode", 0, "--frame", 0)
+    assert predict(capsys, old, dataset, "--episode", 0, "--frame", 0)["actions"] == fresh["actions"]
+    spec["action"][0]["units"] = "deg"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    rc, _, err = run_cli(capsys, "model", "predict", old, dataset, "--episode", 0, "--frame", 0)
+    assert rc != 0 and "already registered with a different spec (differs in ['action'])" in err

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 from vla.embodiments.spec import CameraSpec, EmbodimentSpec, FieldSpec, SpecError
 from vla.paths import config_dir
 from vla.registry import Registry
+
+logger = logging.getLogger(__name__)
 
 EMBODIMENTS: Registry[EmbodimentSpec] = Registry(
     "embodiment", hint="Add a YAML file under configs/embodiments/ (see configs/embodiments/README.md)."
@@ -24,17 +28,39 @@ def _load_yaml_specs() -> None:
 EMBODIMENTS.add_loader(_load_yaml_specs)
 
 
+def _contract(d: Any) -> Any:
+    """A spec's ``to_dict`` without its prose (``description`` texts and ``sources`` citations): what decides how
+    data and actions are read."""
+    if isinstance(d, dict):
+        return {k: _contract(v) for k, v in d.items() if k not in ("description", "sources")}
+    if isinstance(d, list):
+        return [_contract(v) for v in d]
+    return d
+
+
 def register_embodiment(spec: EmbodimentSpec, *, where: str = "") -> EmbodimentSpec:
     """Make ``spec`` resolvable by its ``name`` for the rest of the process (``get_embodiment(spec.name)``, and a
-    LeRobot dataset whose ``robot_type`` equals it). Registering an identical spec again is a no-op; a different
-    spec under a registered name is refused (``where`` names its origin, e.g. the YAML file, in that error)."""
+    LeRobot dataset whose ``robot_type`` equals it). Registering an identical spec again is a no-op, and so is one
+    that differs only in prose (descriptions, sources: e.g. a checkpoint saved before a built-in spec's text was
+    edited), with a warning; a different spec under a registered name is refused (``where`` names its origin, e.g.
+    the YAML file, in that error, with the first differing fields)."""
     if spec.name in EMBODIMENTS:
         known = EMBODIMENTS.get(spec.name)
-        if known.to_dict() != spec.to_dict():
+        old, new = known.to_dict(), spec.to_dict()
+        if old == new:
+            return known
+        if _contract(old) != _contract(new):
+            fields = [k for k in sorted(set(old) | set(new)) if _contract(old.get(k)) != _contract(new.get(k))]
             raise SpecError(
-                f"{where or 'spec'}: embodiment {spec.name!r} is already registered with a different spec; give "
-                "this spec another name (its `name:` field)"
+                f"{where or 'spec'}: embodiment {spec.name!r} is already registered with a different spec "
+                f"(differs in {fields}); give this spec another name (its `name:` field)"
             )
+        logger.warning(
+            "%s: embodiment %r differs from the registered spec only in its descriptions or sources; using the "
+            "registered one",
+            where or "spec",
+            spec.name,
+        )
         return known
     EMBODIMENTS.register(spec.name, spec)
     return spec
