@@ -124,3 +124,15 @@ def test_replay_warns_about_data_recorded_before_the_joint_speed_limits(
         assert check_servo_model({"servo_model": SERVO_MODEL}, "new") is True
         assert check_servo_model({}, "old data") is False
     assert "old data was recorded with servo model None" in caplog.text and "regenerate it" in caplog.text
+
+
+def test_reading_a_dataset_of_another_servo_model_warns_once_not_per_episode(
+    known_dataset: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("vla.sim.world.SERVO_MODEL", "a_later_servo_model")  # today's data looks like old data
+    with caplog.at_level("WARNING", logger="vla.eval.replay"):
+        episodes = read_sim_episodes(known_dataset)
+    assert len(episodes) >= 2
+    warned = [r for r in caplog.records if "recorded with servo model" in r.getMessage()]
+    assert len(warned) == 1 and "and every other episode with the same record" in warned[0].getMessage()
+    assert "'joint_speed_limited_ramp', not 'a_later_servo_model'" in warned[0].getMessage()

@@ -79,8 +79,12 @@ class GenerateConfig:
             raise ValueError(f"--settle-steps must be >= 0, got {self.settle_steps}")
 
     def identity(self) -> dict[str, Any]:
-        """The settings a resumed run must share with the run that started the dataset."""
-        return {k: v for k, v in asdict(self).items() if k not in ("workers", "out")}
+        """The settings a resumed run must share with the run that started the dataset, and how the servos follow
+        actions (``SERVO_MODEL``): episodes of two servo models must not share a dataset."""
+        from vla.sim.world import SERVO_MODEL
+
+        keep = {k: v for k, v in asdict(self).items() if k not in ("workers", "out")}
+        return {**keep, "servo_model": SERVO_MODEL}
 
 
 def shard_range(episodes: int, shard: int, num_shards: int) -> range:
