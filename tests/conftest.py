@@ -38,6 +38,19 @@ def _seed() -> None:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _fresh_attention_kernels():
+    """Each test starts with no CPU bf16 attention kernel measured, pinned or restored (process-wide state in
+    ``vla.models.attention``), so no test depends on which tests ran before it; untouched when not imported."""
+    yield
+    import sys
+
+    attention = sys.modules.get("vla.models.attention")
+    if attention is not None:
+        attention._chosen.clear()
+        attention.pin_cpu_bf16_kernel(None)
+
+
 @pytest.fixture
 def bridge_fixture() -> Path:
     """Path of the genuine Open X-Embodiment RLDS export (Octo's bridge_dataset debug copy), read-only."""

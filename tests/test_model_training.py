@@ -353,7 +353,7 @@ def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
             loss, _ = model.loss(batch, generator=torch.Generator().manual_seed(0))
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        return dict(calls), float(loss), grads
+        return dict(calls), float(loss.detach()), grads
 
     try:
         results = {}

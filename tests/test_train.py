@@ -398,6 +398,40 @@ def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -
         attention.pin_cpu_bf16_kernel(None)
 
 
+def test_a_kernel_pinned_by_the_environment_is_recorded_and_kept_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """VLA_CPU_BF16_ATTENTION's kernel goes into trainer.json like a measured one; a resume under another value
+    keeps the checkpoint's kernel (bitwise resume) and says so; a bad value fails before any step."""
+    from vla.models import attention
+
+    ds = tiny_dataset(tmp_path, "wx_env")
+    run = tmp_path / "run"
+    monkeypatch.setenv(attention.KERNEL_ENV, "explicit")
+    first = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run)
+    meta = json.loads((first.last_checkpoint / "train_state" / "trainer.json").read_text())
+    assert meta["cpu_bf16_attention"] == {"pinned": "explicit"}
+    calls = dict.fromkeys(attention.KERNELS, 0)
+    real = attention.attend
+
+    def counting(kernel: str, *args: object, **kwargs: object) -> torch.Tensor:
+        calls[kernel] += 1
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "attend", counting)
+    monkeypatch.setenv(attention.KERNEL_ENV, "sdpa")
+    with caplog.at_level("WARNING", logger="vla.models.attention"):
+        second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
+    assert calls["explicit"] > 0 and calls["sdpa"] == calls["sdpa_fp32"] == 0, calls
+    assert "VLA_CPU_BF16_ATTENTION=sdpa ignored" in caplog.text
+    meta = json.loads((second.last_checkpoint / "train_state" / "trainer.json").read_text())
+    assert meta["cpu_bf16_attention"] == {"pinned": "explicit"}
+    monkeypatch.setenv(attention.KERNEL_ENV, "flash")
+    with pytest.raises(ValueError, match=r"VLA_CPU_BF16_ATTENTION='flash': must be one of"):
+        train(load_train_config("debug", _args(ds, steps=1, save_every=1)), tmp_path / "bad")
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
 def test_bf16_holds_frozen_weights_in_bf16_with_bitwise_the_same_losses(wx: Path, tmp_path: Path) -> None:
     """``train.frozen_bf16`` (on by default): under bf16 autocast the frozen vision tower's Linear/Conv weights are
     stored in bf16, the values autocast rounds them to at every call. The losses and the trained weights are bit for

@@ -36,6 +36,7 @@ KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
 KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 _chosen: dict[tuple[int, int, int], str] = {}  # (query heads, kv heads, head dim) -> kernel, once per process
 _pinned: str | None = None
+_restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
 
 
 def check_window(text_config: object, length: int, where: str) -> None:
@@ -71,30 +72,53 @@ def _bf16_cpu(x: torch.Tensor) -> bool:
     )
 
 
+def env_kernel() -> str | None:
+    """The kernel ``VLA_CPU_BF16_ATTENTION`` pins (None for ``auto`` or unset); any other value is an error naming
+    the allowed ones (``Trainer`` checks it at start, before any data is read)."""
+    env = os.environ.get(KERNEL_ENV, "auto")
+    if env not in (*KERNELS, "auto"):
+        raise ValueError(f"{KERNEL_ENV}={env!r}: must be one of {', '.join(KERNELS)} or auto (measure)")
+    return None if env == "auto" else env
+
+
 def pin_cpu_bf16_kernel(kernel: str | None) -> None:
-    """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on (None: measure).
-    A resumed run pins the kernel its checkpoint was trained with, so resuming never switches kernels."""
-    global _pinned
+    """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on (None: the
+    environment variable's kernel, else measure). A resumed run pins the kernel its checkpoint was trained with, so
+    resuming never switches kernels."""
+    global _pinned, _restored
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"CPU bf16 attention kernel must be one of {KERNELS} or None, got {kernel!r}")
-    _pinned = kernel
+    _pinned, _restored = kernel, False
 
 
 def cpu_bf16_kernel_choices() -> dict[str, str]:
-    """The kernels this process chose (or was pinned to), for the checkpoint: ``{"pinned"|"<H>x<KV>x<d>": kernel}``."""
-    if _pinned is not None:
-        return {"pinned": _pinned}
+    """The kernels this process chose (or was pinned to, by ``pin_cpu_bf16_kernel`` or the environment variable),
+    for the checkpoint: ``{"pinned": kernel}`` or ``{"<H>x<KV>x<d>": kernel, ...}``."""
+    pinned = _pinned or (None if _restored else env_kernel())
+    if pinned is not None:
+        return {"pinned": pinned}
     return {f"{h}x{kv}x{d}": k for (h, kv, d), k in _chosen.items()}
 
 
 def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     """Take over the choices a checkpoint recorded (``cpu_bf16_kernel_choices``): a resumed run uses the kernels its
-    first part measured, so resuming never switches kernels (bitwise resume)."""
+    first part measured or was pinned to, so resuming never switches kernels (bitwise resume), whatever
+    ``VLA_CPU_BF16_ATTENTION`` says now (a different value is logged as ignored). An empty record (fp32 or GPU
+    training, or a checkpoint from before the record) leaves the choice to the environment variable or a
+    measurement."""
+    global _restored
     pin_cpu_bf16_kernel(choices.get("pinned"))
     for layout, kernel in choices.items():
         if layout != "pinned" and kernel in KERNELS:
             h, kv, d = (int(x) for x in layout.split("x"))
             _chosen[(h, kv, d)] = kernel
+    _restored = bool(choices)
+    env = env_kernel()
+    if choices and env is not None and set(choices.values()) != {env}:
+        log.warning(
+            "%s=%s ignored: this resumed run keeps the CPU bf16 attention kernels its checkpoint recorded (%s)",
+            KERNEL_ENV, env, choices,
+        )  # fmt: skip
 
 
 def _cpu_bf16_kernel(
@@ -105,12 +129,12 @@ def _cpu_bf16_kernel(
     CPU families disagree: on an AMX Xeon SDPA's bf16 backward took ~3x the explicit grouped form at the expert's
     shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's, and SDPA in float32 ~0.5x its bf16
     self (``benchmarks/attention.py``), so the choice is measured here, on copies of the first inputs, and logged."""
-    env = os.environ.get(KERNEL_ENV, "auto")
-    if env not in (*KERNELS, "auto"):
-        raise ValueError(f"{KERNEL_ENV}={env!r}: must be one of {', '.join(KERNELS)} or auto (measure)")
-    if _pinned is not None or env in KERNELS:
-        return _pinned or env
+    env = env_kernel()
+    if _pinned is not None:
+        return _pinned
     key = (q.shape[1], k.shape[1], q.shape[3])
+    if env is not None and not (_restored and key in _chosen):
+        return env
     if key not in _chosen:
         _chosen[key] = _measure(q, k, v, mask, scale)
         log.info(

@@ -29,7 +29,12 @@ import torch.distributed as dist
 import yaml
 
 from vla.data.loader import VLALoader, build_loader
-from vla.models.attention import cpu_bf16_kernel_choices, pin_cpu_bf16_kernel, restore_cpu_bf16_kernels
+from vla.models.attention import (
+    cpu_bf16_kernel_choices,
+    env_kernel,
+    pin_cpu_bf16_kernel,
+    restore_cpu_bf16_kernels,
+)
 from vla.models.backbone import resolve_pretrained
 from vla.models.compiled import frozen_compile
 from vla.models.run_dir import CHECKPOINTS, latest_complete
@@ -82,6 +87,7 @@ class Trainer:
         require_embodiment: str | None = None,
     ) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, not at the first bf16 step
         self.rt = Runtime.start(cfg.distributed)
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
