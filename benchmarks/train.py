@@ -19,9 +19,10 @@ backbone frozen, the same number of steps, the first ``--warmup`` steps not coun
 * LeRobot: ``lerobot-train`` with SmolVLA on CPU (``benchmarks/peer_lerobot_train.py`` in the peer venv), timed from
   its own per-step ``updt_s`` + ``data_s`` log fields; fp32 and bf16 (``policy.use_amp``).
 
-With ``--rounds N`` (default 1) every run of both sides is repeated N times, the order alternating between rounds
-(ours first, then LeRobot first), and each speed-up is the median over rounds of the ratio within a round: runs
-minutes apart on a shared VM drift by 10-20 %, runs side by side much less. Each side's reported run is its median
+With ``--rounds N`` (default 1) every run of both sides is repeated N times; within a round each precision's runs
+of both sides go back to back (ours, eager and compiled, next to LeRobot's at that precision), who goes first
+alternating between rounds, and each speed-up is the median over rounds of the ratio within a round: runs minutes
+apart on a shared VM drift by 10-20 %, runs side by side much less. Each side's reported run is its median
 round's. Per side and precision: samples/s over all timed steps and at the median step (a shared machine's bursts hit
 single steps of either side; the median is robust to them), data-wait fraction of step time (ours: waiting for the
 batch; LeRobot's ``data_s`` also holds its preprocessor, which runs in the main process), MFU (the FLOPs of one
@@ -189,6 +190,21 @@ def median_round(runs: list[dict]) -> dict:
     return out
 
 
+def schedule(rounds: int, ours: list[str], peer: list[str]) -> list[tuple[str, str]]:
+    """The order of the runs, ``(side, precision)``: the runs a ratio compares sit next to each other (per round
+    and precision, ours and LeRobot's back to back), who goes first alternating between rounds, so drift over a
+    round hits both sides of each ratio alike."""
+    order = []
+    for i in range(rounds):
+        for precision in dict.fromkeys([*ours, *peer]):
+            for side, have in (
+                (("ours", ours), ("peer", peer)) if i % 2 == 0 else (("peer", peer), ("ours", ours))
+            ):
+                if precision in have:
+                    order.append((side, precision))
+    return order
+
+
 def compare(res: dict, batch: int) -> None:
     """Speed-ups (ours over LeRobot's samples/s; with several rounds the median of the within-round ratios), MFU and
     the targets: ours >= 1.5x LeRobot, data wait < 5 %."""
@@ -296,24 +312,25 @@ def main() -> None:
     ours: dict[str, list[dict]] = {}
     theirs: dict[str, list[dict]] = {}
 
-    def run_ours() -> None:
-        for precision in args.precisions.split(","):
-            for compile_mode in args.compile.split(","):
-                job = {**common, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
-                       "dataset": str(dataset), "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
-                name = precision if compile_mode == "never" else f"{precision}_compiled"
-                ours.setdefault(name, []).append(run_child(__file__, job))
+    our_precisions, peer_precisions = args.precisions.split(","), args.peer_precisions.split(",")
+    if args.skip_peer:
+        peer_precisions = []
 
-    def run_peer() -> None:
-        for amp in args.peer_precisions.split(","):
-            job = {**common, "amp": amp, "threads": args.threads, "root": str(dataset)}
-            theirs.setdefault(amp, []).append(run_in_peer_venv(str(BENCH_DIR / "peer_lerobot_train.py"), job))
+    def run_ours(precision: str) -> None:
+        for compile_mode in args.compile.split(",") if precision in our_precisions else ():
+            job = {**common, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
+                   "dataset": str(dataset), "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
+            name = precision if compile_mode == "never" else f"{precision}_compiled"
+            ours.setdefault(name, []).append(run_child(__file__, job))
 
-    for i in range(args.rounds):  # alternate who goes first, so drift over a round hits both sides alike
-        order = (run_ours, run_peer) if i % 2 == 0 else (run_peer, run_ours)
-        for run in order:
-            if run is run_ours or not args.skip_peer:
-                run()
+    def run_peer(precision: str) -> None:
+        if precision in peer_precisions:
+            job = {**common, "amp": precision, "threads": args.threads, "root": str(dataset)}
+            run = run_in_peer_venv(str(BENCH_DIR / "peer_lerobot_train.py"), job)
+            theirs.setdefault(precision, []).append(run)
+
+    for side, precision in schedule(args.rounds, our_precisions, peer_precisions):
+        (run_ours if side == "ours" else run_peer)(precision)
     res["ours"] = {name: median_round(runs) for name, runs in ours.items()}
     if not args.skip_peer:
         res["peer_lerobot"] = {amp: median_round(runs) for amp, runs in theirs.items()}

@@ -173,3 +173,9 @@ def test_train_benchmark_rounds_compare_side_by_side() -> None:
     assert "rounds" not in single["ours"]["bf16"]
     train.compare(single, batch=8)
     assert single["speedup"]["samples_per_s"]["ours_bf16_vs_lerobot_bf16"] == pytest.approx(2.0)
+    # the runs a ratio compares sit back to back, who goes first alternating between rounds
+    assert train.schedule(2, ["fp32", "bf16"], ["fp32", "bf16"]) == [
+        ("ours", "fp32"), ("peer", "fp32"), ("ours", "bf16"), ("peer", "bf16"),
+        ("peer", "fp32"), ("ours", "fp32"), ("peer", "bf16"), ("ours", "bf16"),
+    ]  # fmt: skip
+    assert train.schedule(1, ["bf16"], []) == [("ours", "bf16")]  # --skip-peer
