@@ -212,7 +212,9 @@ def test_draft_errors_name_the_problem(my_arm: Path, tmp_path: Path) -> None:
         write_draft(my_arm, "my_arm", tmp_path / "my_arm.json")
 
 
-def test_get_embodiment_by_path(tmp_path: Path, registry_restored: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_get_embodiment_by_path(
+    tmp_path: Path, registry_restored: None, caplog: pytest.LogCaptureFixture
+) -> None:
     assert get_embodiment("widowx_bridge").name == "widowx_bridge"  # names keep working
     with pytest.raises(FileNotFoundError, match=r"missing\.yaml does not exist.*vla embodiment draft"):
         get_embodiment(tmp_path / "missing.yaml")
@@ -239,5 +241,7 @@ def test_get_embodiment_by_path(tmp_path: Path, registry_restored: None, caplog:
         assert register_embodiment(EmbodimentSpec.from_dict(prose)) is get_embodiment("ur5e_copy")
     assert "only in its descriptions or sources" in caplog.text
     spec["control_hz"] = 99.0
-    with pytest.raises(SpecError, match=r"already registered with a different spec \(differs in \['control_hz'\]\)"):
+    with pytest.raises(
+        SpecError, match=r"already registered with a different spec \(differs in \['control_hz'\]\)"
+    ):
         register_embodiment(EmbodimentSpec.from_dict(spec))

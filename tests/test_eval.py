@@ -186,7 +186,9 @@ def test_expert_reaches_its_success_rate_and_random_does_not(
     assert kin["episodes"] == 1 and kin["episodes_detail"][0]["steps"] == 3
 
 
-def test_a_policy_that_outputs_nan_fails_its_episodes_flagged_and_the_run_goes_on(tmp_path: Path, monkeypatch) -> None:
+def test_a_policy_that_outputs_nan_fails_its_episodes_flagged_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch
+) -> None:
     """A broken policy's NaN action ends that episode as a counted failure, not the whole evaluation."""
     import vla.eval.policies as policies
     import vla.eval.rollout as rollout

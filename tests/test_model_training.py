@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from train_helpers import count_attention_kernels
 
 from vla.embodiments import get_embodiment
 from vla.models.hub import from_pretrained, save_pretrained
@@ -334,14 +335,7 @@ def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
     records the choice and a resumed run pins it."""
     from vla.models import attention
 
-    calls = dict.fromkeys(attention.KERNELS, 0)
-    real = attention.attend
-
-    def counting(kernel: str, *args: object, **kwargs: object) -> torch.Tensor:
-        calls[kernel] += 1
-        return real(kernel, *args, **kwargs)
-
-    monkeypatch.setattr(attention, "attend", counting)
+    calls = count_attention_kernels(monkeypatch)
     monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
     model = tiny_model().train()
     batch = synthetic_batch(model, batch_size=2)

@@ -131,20 +131,12 @@ def test_interrupt_leaves_a_valid_dataset_and_rerun_completes(tmp_path: Path, mo
 def test_resume_refuses_a_dataset_begun_under_another_servo_model(tmp_path: Path, monkeypatch) -> None:
     """Episodes recorded before the arms had joint speed limits (servos jumped to each target) must not be topped
     up with today's: the dataset's settings record the servo model, and a resume under another one is refused."""
-    real = gen.run_episode
-
-    def stop_at_2(cfg, index):
-        if index == 2:
-            raise KeyboardInterrupt
-        return real(cfg, index)
-
-    monkeypatch.setattr(gen, "run_episode", stop_at_2)
-    with pytest.raises(KeyboardInterrupt):
-        generate(_cfg(tmp_path / "ds"), progress_bar=False)
-    monkeypatch.setattr(gen, "run_episode", real)
+    generate(_cfg(tmp_path / "ds", episodes=2), progress_bar=False)
     monkeypatch.setattr("vla.sim.world.SERVO_MODEL", "another_servo_model")
-    with pytest.raises(ValueError, match=r"servo_model: 'joint_speed_limited_ramp' then, 'another_servo_model' now"):
-        generate(_cfg(tmp_path / "ds"), progress_bar=False)
+    with pytest.raises(
+        ValueError, match=r"servo_model: 'joint_speed_limited_ramp' then, 'another_servo_model' now"
+    ):
+        generate(_cfg(tmp_path / "ds", episodes=2), progress_bar=False)
 
 
 def test_failures_are_dropped_or_kept_flagged_never_mixed_in(tmp_path: Path) -> None:

@@ -336,7 +336,9 @@ def test_a_non_finite_policy_action_ends_the_episode_as_a_flagged_failure() -> N
     action = env.expert_action()
     action[1] = np.nan
     _, reward, terminated, truncated, info = env.step(action)
-    assert info["non_finite_action"] and truncated and not terminated and reward == 0.0 and not info["success"]
+    assert (
+        info["non_finite_action"] and truncated and not terminated and reward == 0.0 and not info["success"]
+    )
     assert not info["physics_diverged"] and env.world.data.time == t
     np.testing.assert_array_equal(env.world.data.ctrl, ctrl)
     env.close()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from train_helpers import (
+    count_attention_kernels,
     events,
     kill_inside_checkpoint,
     metrics,
@@ -411,17 +412,12 @@ def test_a_kernel_pinned_by_the_environment_is_recorded_and_kept_on_resume(
     first = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run)
     meta = json.loads((first.last_checkpoint / "train_state" / "trainer.json").read_text())
     assert meta["cpu_bf16_attention"] == {"pinned": "explicit"}
-    calls = dict.fromkeys(attention.KERNELS, 0)
-    real = attention.attend
-
-    def counting(kernel: str, *args: object, **kwargs: object) -> torch.Tensor:
-        calls[kernel] += 1
-        return real(kernel, *args, **kwargs)
-
-    monkeypatch.setattr(attention, "attend", counting)
+    calls = count_attention_kernels(monkeypatch)
     monkeypatch.setenv(attention.KERNEL_ENV, "sdpa")
     with caplog.at_level("WARNING", logger="vla.models.attention"):
-        second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
+        second = train(
+            load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run
+        )
     assert calls["explicit"] > 0 and calls["sdpa"] == calls["sdpa_fp32"] == 0, calls
     assert "VLA_CPU_BF16_ATTENTION=sdpa ignored" in caplog.text
     meta = json.loads((second.last_checkpoint / "train_state" / "trainer.json").read_text())

@@ -137,3 +137,19 @@ def torchrun(args: list[str], *, nproc: int = 2, env: dict[str, str] | None = No
     return subprocess.run(
         cmd, capture_output=True, text=True, env=env or cli_env(), timeout=timeout, cwd=REPO
     )
+
+
+def count_attention_kernels(monkeypatch) -> dict[str, int]:
+    """Count, per kernel, the attention calls made from now on (``vla.models.attention.attend`` wrapped for the
+    test); the returned dict fills as the model runs."""
+    from vla.models import attention
+
+    calls = dict.fromkeys(attention.KERNELS, 0)
+    real = attention.attend
+
+    def counting(kernel: str, *args: object, **kwargs: object):
+        calls[kernel] += 1
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "attend", counting)
+    return calls

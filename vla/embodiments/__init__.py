@@ -50,7 +50,9 @@ def register_embodiment(spec: EmbodimentSpec, *, where: str = "") -> EmbodimentS
         if old == new:
             return known
         if _contract(old) != _contract(new):
-            fields = [k for k in sorted(set(old) | set(new)) if _contract(old.get(k)) != _contract(new.get(k))]
+            fields = [
+                k for k in sorted(set(old) | set(new)) if _contract(old.get(k)) != _contract(new.get(k))
+            ]
             raise SpecError(
                 f"{where or 'spec'}: embodiment {spec.name!r} is already registered with a different spec "
                 f"(differs in {fields}); give this spec another name (its `name:` field)"

@@ -55,7 +55,9 @@ class ArmHandles:
                 "(one per joint in rad/s, or () for none)"
             )
         if any(not v > 0 for v in self.velocity_limits):
-            raise ValueError(f"arm {self.name!r}: velocity_limits {self.velocity_limits} must all be > 0 rad/s")
+            raise ValueError(
+                f"arm {self.name!r}: velocity_limits {self.velocity_limits} must all be > 0 rad/s"
+            )
 
     @property
     def jaw_range(self) -> tuple[float, float]:
