@@ -819,3 +819,11 @@ def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     again = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("results.json exists: kept") == 9  # 8 evaluations + the served episode
+    # a work folder whose data an older vla generated (its settings lack today's servo model) is refused, with the fix
+    progress = next((workdir / "data").glob("sim_*")) / "meta" / "vla_progress.json"
+    record = json.loads(progress.read_text())
+    del record["config"]["servo_model"]
+    progress.write_text(json.dumps(record))
+    old = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
+    assert old.returncode != 0 and "servo_model: None then" in old.stdout + old.stderr
+    assert f"delete {workdir} (or pass another --workdir)" in old.stdout + old.stderr
