@@ -240,6 +240,12 @@ def test_get_embodiment_by_path(
     with caplog.at_level("WARNING", logger="vla.embodiments"):
         assert register_embodiment(EmbodimentSpec.from_dict(prose)) is get_embodiment("ur5e_copy")
     assert "only in its descriptions or sources" in caplog.text
+    # a user's `extra` is kept whole, even a key of its own named "description"
+    extra = {**spec, "name": "ur5e_extra", "extra": {"description": "gripper v1"}}
+    register_embodiment(EmbodimentSpec.from_dict(extra))
+    extra["extra"] = {"description": "gripper v2"}
+    with pytest.raises(SpecError, match=r"differs in \['extra'\]"):
+        register_embodiment(EmbodimentSpec.from_dict(extra))
     spec["control_hz"] = 99.0
     with pytest.raises(
         SpecError, match=r"already registered with a different spec \(differs in \['control_hz'\]\)"

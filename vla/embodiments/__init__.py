@@ -28,14 +28,18 @@ def _load_yaml_specs() -> None:
 EMBODIMENTS.add_loader(_load_yaml_specs)
 
 
-def _contract(d: Any) -> Any:
-    """A spec's ``to_dict`` without its prose (``description`` texts and ``sources`` citations): what decides how
-    data and actions are read."""
-    if isinstance(d, dict):
-        return {k: _contract(v) for k, v in d.items() if k not in ("description", "sources")}
-    if isinstance(d, list):
-        return [_contract(v) for v in d]
-    return d
+def _contract(d: dict[str, Any]) -> dict[str, Any]:
+    """A spec's ``to_dict`` without its prose: the spec's, its cameras' and its fields' ``description`` texts and
+    its ``sources`` citations (``extra`` is kept whole: its keys are the user's). What is left decides how data and
+    actions are read."""
+    out = {k: v for k, v in d.items() if k not in ("description", "sources")}
+    out["cameras"] = {
+        name: {k: v for k, v in cam.items() if k != "description"}
+        for name, cam in d.get("cameras", {}).items()
+    }
+    for part in ("state", "action"):
+        out[part] = [{k: v for k, v in f.items() if k != "description"} for f in d.get(part, [])]
+    return out
 
 
 def register_embodiment(spec: EmbodimentSpec, *, where: str = "") -> EmbodimentSpec:
@@ -49,10 +53,9 @@ def register_embodiment(spec: EmbodimentSpec, *, where: str = "") -> EmbodimentS
         old, new = known.to_dict(), spec.to_dict()
         if old == new:
             return known
-        if _contract(old) != _contract(new):
-            fields = [
-                k for k in sorted(set(old) | set(new)) if _contract(old.get(k)) != _contract(new.get(k))
-            ]
+        a, b = _contract(old), _contract(new)
+        if a != b:
+            fields = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
             raise SpecError(
                 f"{where or 'spec'}: embodiment {spec.name!r} is already registered with a different spec "
                 f"(differs in {fields}); give this spec another name (its `name:` field)"
