@@ -826,4 +826,4 @@ def test_make_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     progress.write_text(json.dumps(record))
     old = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
     assert old.returncode != 0 and "servo_model: None then" in old.stdout + old.stderr
-    assert f"delete {workdir} (or pass another --workdir)" in old.stdout + old.stderr
+    assert f"delete {progress.parents[1]} (or pass another --workdir)" in old.stdout + old.stderr

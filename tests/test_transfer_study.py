@@ -128,7 +128,7 @@ def test_seed_layout_shares_pretraining_data_and_draws_the_new_robot_per_seed(tm
     assert slots.dataset("panda").name == "sim_panda_reach_slots"
     assert slots.dataset(study.NEW_ROBOT).name == "sim_kinova_gen3_reach_slots_seed0"
     calls: list[list[str]] = []
-    slots.vla = lambda *args: calls.append([str(x) for x in args])
+    slots.vla = lambda *args, **_: calls.append([str(x) for x in args])
     slots.root.mkdir(parents=True)  # run_stages makes it before stage 1
     slots.generate()
     tasks = {c[c.index("--task") + 1] for c in calls if "--task" in c}
