@@ -129,9 +129,8 @@ def test_replay_warns_about_data_recorded_before_the_joint_speed_limits(
 def test_reading_a_dataset_of_another_servo_model_warns_once_not_per_episode(
     known_dataset: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        "vla.sim.world.SERVO_MODEL", "a_later_servo_model"
-    )  # today's data looks like old data
+    # today's data then looks like old data
+    monkeypatch.setattr("vla.sim.world.SERVO_MODEL", "a_later_servo_model")
     with caplog.at_level("WARNING", logger="vla.eval.replay"):
         episodes = read_sim_episodes(known_dataset)
     assert len(episodes) >= 2

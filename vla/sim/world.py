@@ -100,9 +100,8 @@ class World:
         ramp = np.ones_like(delta)  # per joint: physics steps its arm's ramp takes (at least 1)
         for lo, hi in zip(b.arm_joint_slices[:-1], b.arm_joint_slices[1:]):
             ramp[lo:hi] = max(1.0, float(np.ceil(np.max(np.abs(delta[lo:hi]) / per_step[lo:hi]))))
-        steps = int(
-            min(n, ramp.max())
-        )  # compared as floats: a huge delta on a continuous joint is an inf ramp
+        # compared as floats: a huge delta on a continuous joint is an inf ramp, which int() cannot take
+        steps = int(min(n, ramp.max()))
         for k in range(1, steps + 1):
             d.ctrl[b.arm_ctrl] = start + delta * np.minimum(1.0, k / ramp)
             mujoco.mj_step(self.model, self.data)
