@@ -98,12 +98,18 @@ class World:
         delta = d.ctrl[b.arm_ctrl] - start
         per_step = b.joint_vmax * self.model.opt.timestep  # rad per physics step (inf: no limit)
         ramp = np.ones_like(delta)  # per joint: physics steps its arm's ramp takes (at least 1)
+        pace = np.zeros_like(delta)  # per joint: fraction of delta per physics step, where the ramp overflows
         for lo, hi in zip(b.arm_joint_slices[:-1], b.arm_joint_slices[1:]):
-            ramp[lo:hi] = max(1.0, float(np.ceil(np.max(np.abs(delta[lo:hi]) / per_step[lo:hi]))))
-        # compared as floats: a huge delta on a continuous joint is an inf ramp, which int() cannot take
+            with np.errstate(over="ignore"):  # a huge target on a continuous joint: |delta| / per_step is inf
+                ramp[lo:hi] = max(1.0, float(np.ceil(np.max(np.abs(delta[lo:hi]) / per_step[lo:hi]))))
+            if np.isinf(ramp[lo]):  # the slowest joint's pace, computed without the overflowing division
+                with np.errstate(divide="ignore"):  # a joint that stays put paces nothing (inf)
+                    pace[lo:hi] = np.min(per_step[lo:hi] / np.abs(delta[lo:hi]))
+        # compared as floats: an inf ramp (see above) is more than any n, and int() cannot take it
         steps = int(min(n, ramp.max()))
         for k in range(1, steps + 1):
-            d.ctrl[b.arm_ctrl] = start + delta * np.minimum(1.0, k / ramp)
+            frac = np.where(np.isinf(ramp), k * pace, k / ramp)
+            d.ctrl[b.arm_ctrl] = start + delta * np.minimum(1.0, frac)
             mujoco.mj_step(self.model, self.data)
         if n > steps:  # every setpoint has reached its target
             mujoco.mj_step(self.model, self.data, nstep=n - steps)
