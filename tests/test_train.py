@@ -428,6 +428,38 @@ def test_a_kernel_pinned_by_the_environment_is_recorded_and_kept_on_resume(
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
+def test_a_layout_missing_from_a_resumed_record_is_recorded_and_fp32_records_no_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming from a measured record that lacks a head layout, with VLA_CPU_BF16_ATTENTION set, runs that layout
+    with the variable's kernel and records it beside the record's own, so a later resume keeps it too; an fp32 run
+    uses no bf16 CPU attention and records none, whatever the variable says."""
+    from vla.models import attention
+
+    ds = tiny_dataset(tmp_path, "wx_layouts")
+    run = tmp_path / "run"
+    first = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run)
+    meta_file = first.last_checkpoint / "train_state" / "trainer.json"
+    meta = json.loads(meta_file.read_text())
+    chosen = meta["cpu_bf16_attention"]
+    assert chosen and "pinned" not in chosen, chosen
+    # the tiny model's backbone and expert share one layout: the record keeps another, invented one instead
+    dropped = sorted(chosen)[0]
+    kept = {**{k: v for k, v in chosen.items() if k != dropped}, "3x1x8": "sdpa"}
+    meta_file.write_text(json.dumps({**meta, "cpu_bf16_attention": kept}))
+    attention._chosen.clear()
+    monkeypatch.setenv(attention.KERNEL_ENV, "explicit")
+    second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
+    meta = json.loads((second.last_checkpoint / "train_state" / "trainer.json").read_text())
+    assert meta["cpu_bf16_attention"] == {**kept, dropped: "explicit"}
+
+    attention.pin_cpu_bf16_kernel(None)
+    attention._chosen.clear()
+    fp32 = train(load_train_config("debug", _args(ds, steps=1, save_every=1)), tmp_path / "fp32")
+    meta = json.loads((fp32.last_checkpoint / "train_state" / "trainer.json").read_text())
+    assert meta["cpu_bf16_attention"] == {}
+
+
 def test_bf16_holds_frozen_weights_in_bf16_with_bitwise_the_same_losses(wx: Path, tmp_path: Path) -> None:
     """``train.frozen_bf16`` (on by default): under bf16 autocast the frozen vision tower's Linear/Conv weights are
     stored in bf16, the values autocast rounds them to at every call. The losses and the trained weights are bit for

@@ -37,6 +37,7 @@ KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 _chosen: dict[tuple[int, int, int], str] = {}  # (query heads, kv heads, head dim) -> kernel, once per process
 _pinned: str | None = None
 _restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
+_env_used: str | None = None  # the environment variable's kernel, once a bf16 CPU attention has run with it
 
 
 def check_window(text_config: object, length: int, where: str) -> None:
@@ -85,18 +86,21 @@ def pin_cpu_bf16_kernel(kernel: str | None) -> None:
     """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on (None: the
     environment variable's kernel, else measure). A resumed run pins the kernel its checkpoint was trained with, so
     resuming never switches kernels."""
-    global _pinned, _restored
+    global _pinned, _restored, _env_used
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"CPU bf16 attention kernel must be one of {KERNELS} or None, got {kernel!r}")
-    _pinned, _restored = kernel, False
+    _pinned, _restored, _env_used = kernel, False, None
 
 
 def cpu_bf16_kernel_choices() -> dict[str, str]:
-    """The kernels this process chose (or was pinned to, by ``pin_cpu_bf16_kernel`` or the environment variable),
-    for the checkpoint: ``{"pinned": kernel}`` or ``{"<H>x<KV>x<d>": kernel, ...}``."""
-    pinned = _pinned or (None if _restored else env_kernel())
-    if pinned is not None:
-        return {"pinned": pinned}
+    """The kernels this process used for bf16 attention on the CPU, for the checkpoint: ``{"pinned": kernel}``
+    (pinned by ``pin_cpu_bf16_kernel``, a resumed record, or the environment variable), ``{"<H>x<KV>x<d>": kernel,
+    ...}`` (measured per head layout, or taken over from a resumed record), or ``{}`` when none ran (fp32 or GPU
+    training: the environment variable is then not recorded, as it chose nothing)."""
+    if _pinned is not None:
+        return {"pinned": _pinned}
+    if _env_used is not None and not _restored:
+        return {"pinned": _env_used}
     return {f"{h}x{kv}x{d}": k for (h, kv, d), k in _chosen.items()}
 
 
@@ -129,11 +133,16 @@ def _cpu_bf16_kernel(
     CPU families disagree: on an AMX Xeon SDPA's bf16 backward took ~3x the explicit grouped form at the expert's
     shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's, and SDPA in float32 ~0.5x its bf16
     self (``benchmarks/attention.py``), so the choice is measured here, on copies of the first inputs, and logged."""
+    global _env_used
     env = env_kernel()
     if _pinned is not None:
         return _pinned
     key = (q.shape[1], k.shape[1], q.shape[3])
     if env is not None and not (_restored and key in _chosen):
+        if _restored:  # a layout the resumed record lacks: recorded with it, so the next resume keeps it too
+            _chosen[key] = env
+        else:
+            _env_used = env
         return env
     if key not in _chosen:
         _chosen[key] = _measure(q, k, v, mask, scale)
