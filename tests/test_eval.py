@@ -214,6 +214,21 @@ def test_a_policy_that_outputs_nan_fails_its_episodes_flagged_and_the_run_goes_o
     assert res["physics_diverged"] == 0
 
 
+def test_env_step_checks_the_action_shape_before_its_values() -> None:
+    """A wrong-shaped action is a caller's bug, reported as such even when it holds NaN (not a policy failure)."""
+    from vla.sim.env import make
+
+    env = make("widowx", "reach", image_size=16)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(ValueError, match=r"action has shape \(3,\), expected \(7,\)"):
+            env.step(np.array([np.nan, 0.0, 0.0]))
+        *_, truncated, info = env.step(np.full(7, np.nan))  # the right shape: a flagged failure, as before
+        assert truncated and info["non_finite_action"]
+    finally:
+        env.close()
+
+
 def test_checkpoint_through_the_policy_is_deterministic(tiny_checkpoint: Path, tmp_path: Path) -> None:
     kw = {"policy": str(tiny_checkpoint), "embodiment": "widowx", "task": "reach", "episodes": 2, "image_size": 32,
           "max_steps": 10, "execute_steps": 4, "video_every": 1}  # fmt: skip

@@ -137,3 +137,34 @@ def test_reading_a_dataset_of_another_servo_model_warns_once_not_per_episode(
     warned = [r for r in caplog.records if "recorded with servo model" in r.getMessage()]
     assert len(warned) == 1 and "and every other episode with the same record" in warned[0].getMessage()
     assert "'joint_speed_limited_ramp', not 'a_later_servo_model'" in warned[0].getMessage()
+
+
+def test_logs_with_nan_or_inf_are_refused_before_any_replay_step() -> None:
+    """A logged episode (sim or Bridge) holding NaN/inf is a ValueError naming the episode, the array, the first bad
+    step and its dims, before anything is simulated; a shape mismatch is an error too."""
+    import numpy as np
+
+    from vla.eval.bridge import BridgeReplayer
+    from vla.eval.replay import LoggedEpisode
+
+    states, actions = np.zeros((5, 7)), np.zeros((5, 7))
+    actions[3, [1, 4]] = [np.nan, np.inf]
+    with pytest.raises(
+        ValueError, match=r"ep/3: actions hold NaN or inf \(2 values\), first at step 3, dims \[1, 4\]"
+    ):
+        LoggedEpisode("widowx", "reach", states, actions, name="ep/3")
+    bad_states = np.zeros((5, 7))
+    bad_states[0, 6] = -np.inf
+    with pytest.raises(ValueError, match=r"states hold NaN or inf .* step 0, dims \[6\]"):
+        LoggedEpisode("widowx", "reach", bad_states, np.zeros((5, 7)), name="ep/0")
+    with pytest.raises(ValueError, match=r"same T"):
+        LoggedEpisode("widowx", "reach", np.zeros((5, 7)), np.zeros((4, 7)), name="ep/1")
+    replayer = BridgeReplayer()
+    try:
+        t0 = replayer.env.world.data.time if replayer.env.world is not None else None
+        with pytest.raises(ValueError, match=r"bridge/0: actions hold NaN or inf"):
+            replayer.replay(states, actions, "bridge/0")
+        if t0 is not None:
+            assert replayer.env.world.data.time == t0  # nothing was simulated
+    finally:
+        replayer.close()

@@ -90,10 +90,15 @@ class BridgeReplayer:
             q = self.ik.solve(q, world_pos, world_rot)
         return q
 
-    def replay(self, states: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
-        """Replay one episode; per-step position (m) and orientation (rad) divergence from the log."""
+    def replay(self, states: np.ndarray, actions: np.ndarray, name: str = "") -> dict[str, Any]:
+        """Replay one episode (``name`` for errors); per-step position (m) and orientation (rad) divergence from the
+        log. NaN/inf in the log is a ValueError naming the first bad step (``vla.eval.replay.check_log``)."""
         import mujoco
         from scipy.spatial.transform import Rotation
+
+        from vla.eval.replay import check_log
+
+        check_log(states, actions, name)
 
         env = self.env
         env.reset(seed=0)
@@ -157,7 +162,7 @@ def replay_bridge(
     try:
         for ep in eps:
             rows.append({"episode": ep["name"], "instruction": ep["instruction"],
-                         **replayer.replay(ep["states"], ep["actions"])})  # fmt: skip
+                         **replayer.replay(ep["states"], ep["actions"], ep["name"])})  # fmt: skip
     finally:
         replayer.close()
     keys = (

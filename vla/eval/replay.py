@@ -51,6 +51,27 @@ def check_servo_model(meta: dict[str, Any], name: str) -> bool:
     return False
 
 
+def check_log(states: np.ndarray, actions: np.ndarray, name: str) -> None:
+    """A logged trajectory must be replayable: ``states`` [T, S] and ``actions`` [T, A] with the same T >= 1, every
+    value finite. A NaN or inf is a ValueError naming the episode, the array, the first bad step and its dims (a
+    replay would otherwise stop at that step as a flagged failure and keep going on a frozen world)."""
+    states, actions = np.asarray(states), np.asarray(actions)
+    if states.ndim != 2 or actions.ndim != 2 or len(states) != len(actions) or len(states) == 0:
+        raise ValueError(
+            f"logged episode {name or '?'}: states {states.shape} and actions {actions.shape} must be [T, S] and "
+            "[T, A] with the same T >= 1"
+        )
+    for what, x in (("states", states), ("actions", actions)):
+        bad = ~np.isfinite(x)
+        if bad.any():
+            t = int(np.argmax(bad.any(axis=1)))
+            raise ValueError(
+                f"logged episode {name or '?'}: {what} hold NaN or inf ({int(bad.sum())} values), first at step "
+                f"{t}, dims {np.flatnonzero(bad[t]).tolist()}; drop or repair this episode before replaying it "
+                "(`vla data validate` lists such frames)"
+            )
+
+
 @dataclass
 class LoggedEpisode:
     """One logged trajectory in robot units: ``states`` [T, S] and ``actions`` [T, A] (spec order), and what the
@@ -63,6 +84,9 @@ class LoggedEpisode:
     seed: int | None = None
     record: dict[str, Any] | None = None
     name: str = ""
+
+    def __post_init__(self) -> None:
+        check_log(self.states, self.actions, self.name)
 
 
 @dataclass(frozen=True)

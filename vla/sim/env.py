@@ -147,6 +147,11 @@ class VLASimEnv(gym.Env):
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         assert self.world is not None and self.setup is not None, "call reset() first"
         action = np.asarray(action, np.float64)
+        if action.shape != self.action_space.shape:  # a caller's bug, before any judgement of the values
+            raise ValueError(
+                f"{self.embodiment_spec.name}: action has shape {action.shape}, expected {self.action_space.shape} "
+                "(the embodiment's action dims)"
+            )
         if not np.isfinite(action).all():
             # a policy that outputs NaN or inf has failed: the servos cannot follow it, and one broken episode
             # must not end a whole evaluation. End the episode here as a failure, flagged, nothing simulated.
