@@ -139,6 +139,20 @@ def test_resume_refuses_a_dataset_begun_under_another_servo_model(tmp_path: Path
         generate(_cfg(tmp_path / "ds", episodes=2), progress_bar=False)
 
 
+def test_merge_refuses_shards_of_different_servo_models(tmp_path: Path, monkeypatch) -> None:
+    """Shards generated under different servo models (different arm physics) are not merged into one dataset; the
+    error names both models and where each was found, and nothing is written."""
+    generate(_cfg(tmp_path / "s0", shard=0, num_shards=2), progress_bar=False)
+    for module in ("vla.sim.world", "vla.sim.generate"):
+        monkeypatch.setattr(f"{module}.SERVO_MODEL", "another_servo_model", raising=False)
+    generate(_cfg(tmp_path / "s1", shard=1, num_shards=2), progress_bar=False)
+    assert open_dataset(tmp_path / "s1").episode_metadata("train", 0)["servo_model"] == "another_servo_model"
+    with pytest.raises(ValueError, match=r"different servo models \('joint_speed_limited_ramp' first in .*s0 "
+                       r"\(train episode 0\); 'another_servo_model' first in .*s1"):  # fmt: skip
+        merge_datasets([tmp_path / "s0", tmp_path / "s1"], tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
 def test_failures_are_dropped_or_kept_flagged_never_mixed_in(tmp_path: Path) -> None:
     counts = generate(_cfg(tmp_path / "drop", task="pick_place", max_steps=2), progress_bar=False)
     assert counts["written"] == 0 and counts["dropped"] == 4

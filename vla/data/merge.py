@@ -144,6 +144,23 @@ def _episodes_by_split(readers: list[LeRobotReader]) -> list[tuple[str, LeRobotR
     return items
 
 
+def _check_servo_models(items: list[tuple[str, LeRobotReader, int, dict[str, Any]]]) -> None:
+    """Sim episodes (``vla sim generate``'s, with a ``sim_seed``) recorded under different servo models
+    (``vla.sim.world.SERVO_MODEL``; none before the arms had joint speed limits) followed different physics: one
+    dataset must not mix them (``vla sim generate`` refuses to top one up across models for the same reason)."""
+    first: dict[Any, str] = {}
+    for split, r, e, meta in items:
+        if "sim_seed" in meta:
+            first.setdefault(meta.get("servo_model"), f"{r.path} ({split} episode {e})")
+    if len(first) > 1:
+        seen = "; ".join(f"{model!r} first in {where}" for model, where in first.items())
+        raise ValueError(
+            f"the sources' sim episodes were recorded under different servo models ({seen}; None: before the arms "
+            "had joint speed limits), i.e. different arm physics; regenerate the older ones with `vla sim "
+            "generate` (today's servo model) and merge again"
+        )
+
+
 def _prepare_out(out: Path, sources: list[str | Path], overwrite: bool) -> None:
     """Refuse an ``out`` that is one of the sources; otherwise ``prepare_destination``'s rules."""
     if out.resolve() in {Path(s).resolve() for s in sources}:
@@ -191,11 +208,12 @@ def merge_datasets(
     out = Path(out)
     _prepare_out(out, sources, overwrite)
     readers = _open_sources(sources)
+    items = _episodes_by_split(readers)
+    _check_servo_models(items)
     identity = {"sources": [str(Path(s).resolve()) for s in sources]}
     record = begin(
         out, _resume_command(sources, out), identity, replace_hint=" (or pass --overwrite to replace it)"
     )
-    items = _episodes_by_split(readers)
     info = readers[0].lerobot_info()
     user = {k: v for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     keys = [k for k, ft in user.items() if ft["dtype"] == "video"]
