@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from harness import cpu_model  # noqa: E402
 
 from vla.demo import NEW_ROBOT, PRETRAIN_ROBOTS, Demo, DemoSizes  # noqa: E402
-from vla.eval.rollout import count_diverged  # noqa: E402
+from vla.eval.rollout import count_diverged, count_non_finite  # noqa: E402
 from vla.eval.stats import wilson_interval  # noqa: E402
 from vla.sim.tasks import TASKS  # noqa: E402
 
@@ -247,13 +247,16 @@ def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
         }
         for lvl in levels
     }
-    diverged = {  # episodes ended by a simulation blow-up (counted as failures), per arm and level
-        arm: {
-            lvl: sum(count_diverged(per_seed[s][arm][lvl]["episodes_detail"]) for s in per_seed)
-            for lvl in levels
+    # episodes ended by a simulation blow-up or by a NaN/inf policy output (counted as failures), per arm and level
+    diverged, non_finite = (
+        {
+            arm: {
+                lvl: sum(count(per_seed[s][arm][lvl]["episodes_detail"]) for s in per_seed) for lvl in levels
+            }
+            for arm in ARMS
         }
-        for arm in ARMS
-    }
+        for count in (count_diverged, count_non_finite)
+    )
     val = {
         arm: {str(run.seed): run.final_val_loss(arm) for run in runs}
         for arm in ("finetuned_from_pretrained", "finetuned_from_fresh")
@@ -272,6 +275,7 @@ def summarize(runs: list[SeedRun], levels: tuple[str, str]) -> dict[str, Any]:
         "pooled": pool,
         "finetune_final_val_loss": val,
         "physics_diverged": diverged,
+        "non_finite_actions": non_finite,
         "target_distance": distance_summary(per_seed, levels),
         "claims": claims,
     }

@@ -210,7 +210,8 @@ def test_a_policy_that_outputs_nan_fails_its_episodes_flagged_and_the_run_goes_o
                               max_steps=10, out=str(tmp_path / "nan")), progress_bar=False)  # fmt: skip
     monkeypatch.setattr(rollout, "_CONTEXT", None)  # no later test may reuse this policy
     assert res["episodes"] == 2 and res["successes"] == 0 and res["non_finite_actions"] == 2
-    assert [(e["steps"], e["non_finite_action"]) for e in res["episodes_detail"]] == [(3, True), (3, True)]
+    # two control steps simulated; the third action was NaN, so the episode ended before it
+    assert [(e["steps"], e["non_finite_action"]) for e in res["episodes_detail"]] == [(2, True), (2, True)]
     assert res["physics_diverged"] == 0
 
 

@@ -51,6 +51,8 @@ def _write_seed(study, workdir: Path, seed: int, successes: dict[str, dict[str, 
                 row["end_object_is_target"] = i % 5 != 0 if arm == "finetuned_from_pretrained" else i % 3 == 0
             if arm == "finetuned_from_fresh" and lvl == "reality_proxy":
                 rows[seed]["physics_diverged"] = True  # one simulation blow-up per seed
+            if arm == "finetuned_from_pretrained" and lvl == "low" and seed == 1:
+                rows[0]["non_finite_action"] = True  # one NaN policy output in all
             out.joinpath("results.json").write_text(json.dumps(
                 {"successes": k, "episodes": n, "success_rate": k / n, "ci95": [lo, hi], "episodes_detail": rows}
             ))  # fmt: skip
@@ -91,6 +93,8 @@ def test_pooled_rates_intervals_claims_and_plot(tmp_path: Path) -> None:
     assert summary["per_seed"]["2"]["random"]["reality_proxy"]["successes"] == 1
     assert summary["physics_diverged"]["finetuned_from_fresh"] == {"low": 0, "reality_proxy": 3}
     assert summary["physics_diverged"]["finetuned_from_pretrained"] == {"low": 0, "reality_proxy": 0}
+    assert summary["non_finite_actions"]["finetuned_from_pretrained"] == {"low": 1, "reality_proxy": 0}
+    assert summary["non_finite_actions"]["random"] == {"low": 0, "reality_proxy": 0}
 
     # graded progress: paired per-episode differences over all 150 episodes of the 3 seeds
     low, proxy = summary["target_distance"]["low"], summary["target_distance"]["reality_proxy"]

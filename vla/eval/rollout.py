@@ -118,6 +118,9 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         t0 = time.perf_counter()
         obs, _, terminated, truncated, step_info = env.step(queue.pop(0))
         sim_s += time.perf_counter() - t0
+        if step_info.get("non_finite_action"):  # nothing was simulated: not a step, no new frame
+            non_finite = True
+            break
         steps += 1
         if step_info.get("target_distance_m") is not None:
             distances.append(float(step_info["target_distance_m"]))
@@ -130,13 +133,12 @@ def run_episode(cfg: EvalConfig, index: int, *, record: bool = False) -> dict[st
         if terminated or truncated:
             success = bool(step_info["success"])
             diverged = bool(step_info.get("physics_diverged", False))
-            non_finite = bool(step_info.get("non_finite_action", False))
             break
     row = {
         "index": index,
         "seed": seed,
         "success": success,
-        "steps": steps,
+        "steps": steps,  # control steps simulated (a NaN/inf action ends the episode before its step)
         "physics_diverged": diverged,  # the simulation blew up (a failure, ended there)
         "non_finite_action": non_finite,  # the policy output NaN or inf (a failure, ended there)
         # closest and last distance (m) of the TCP to the named object's top: graded progress next to success
@@ -202,6 +204,11 @@ def count_diverged(rows: list[dict[str, Any]]) -> int:
     return sum(bool(r.get("physics_diverged")) for r in rows)
 
 
+def count_non_finite(rows: list[dict[str, Any]]) -> int:
+    """Episodes among ``rows`` that ended because the policy output NaN or inf (``non_finite_action``; failures)."""
+    return sum(bool(r.get("non_finite_action")) for r in rows)
+
+
 def distance_summary(rows: list[dict[str, Any]]) -> dict[str, float | int | None] | None:
     """Mean closest and mean final TCP-to-target distance (m) and how often the object the TCP ended over was
     the named one (``end_object_is_target_rate``), or None when the task names no object. The final
@@ -240,7 +247,7 @@ def summarize(cfg_fields: dict[str, Any], rows: list[dict[str, Any]]) -> dict[st
         "randomization": cfg_fields["randomization"],
         **summary,
         "physics_diverged": count_diverged(rows),
-        "non_finite_actions": sum(bool(r.get("non_finite_action")) for r in rows),
+        "non_finite_actions": count_non_finite(rows),
         "seed": cfg_fields["seed"],
         "execute_steps": cfg_fields.get("execute_steps"),
         "breakdown": {key: grouped_summary(rows, key) for key in ("task", "embodiment", "level")},

@@ -154,8 +154,8 @@ class VLASimEnv(gym.Env):
             )
         if not np.isfinite(action).all():
             # a policy that outputs NaN or inf has failed: the servos cannot follow it, and one broken episode
-            # must not end a whole evaluation. End the episode here as a failure, flagged, nothing simulated.
-            self.step_index += 1
+            # must not end a whole evaluation. End the episode here as a failure, flagged, nothing simulated (so
+            # step_index stays: no control step was taken).
             info = {"instruction": self.instruction, "task": self.task.name, "success": False,
                     "physics_diverged": False, "non_finite_action": True, "target_distance_m": None,
                     "nearest_object": None}  # fmt: skip
