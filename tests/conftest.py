@@ -47,8 +47,7 @@ def _fresh_attention_kernels():
 
     attention = sys.modules.get("vla.models.attention")
     if attention is not None:
-        attention._chosen.clear()
-        attention.pin_cpu_bf16_kernel(None)
+        attention.reset_cpu_bf16_kernels()
 
 
 @pytest.fixture

@@ -224,8 +224,10 @@ def test_env_step_checks_the_action_shape_before_its_values() -> None:
         env.reset(seed=0)
         with pytest.raises(ValueError, match=r"action has shape \(3,\), expected \(7,\)"):
             env.step(np.array([np.nan, 0.0, 0.0]))
+        assert env.step_index == 0
         *_, truncated, info = env.step(np.full(7, np.nan))  # the right shape: a flagged failure, as before
         assert truncated and info["non_finite_action"]
+        assert env.step_index == 0  # nothing was simulated: no control step counted
     finally:
         env.close()
 

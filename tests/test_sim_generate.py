@@ -151,6 +151,11 @@ def test_merge_refuses_shards_of_different_servo_models(tmp_path: Path, monkeypa
                        r"\(train episode 0\); 'another_servo_model' first in .*s1"):  # fmt: skip
         merge_datasets([tmp_path / "s0", tmp_path / "s1"], tmp_path / "m")
     assert not (tmp_path / "m").exists()
+    # --overwrite of an earlier merge: refused before the earlier one is deleted
+    merge_datasets([tmp_path / "s0"], tmp_path / "m")
+    with pytest.raises(ValueError, match=r"different servo models"):
+        merge_datasets([tmp_path / "s0", tmp_path / "s1"], tmp_path / "m", overwrite=True)
+    assert open_dataset(tmp_path / "m").num_episodes("train") == 2
 
 
 def test_failures_are_dropped_or_kept_flagged_never_mixed_in(tmp_path: Path) -> None:

@@ -438,6 +438,7 @@ def test_a_layout_missing_from_a_resumed_record_is_recorded_and_fp32_records_no_
 
     ds = tiny_dataset(tmp_path, "wx_layouts")
     run = tmp_path / "run"
+    monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
     first = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run)
     meta_file = first.last_checkpoint / "train_state" / "trainer.json"
     meta = json.loads(meta_file.read_text())
@@ -447,14 +448,12 @@ def test_a_layout_missing_from_a_resumed_record_is_recorded_and_fp32_records_no_
     dropped = sorted(chosen)[0]
     kept = {**{k: v for k, v in chosen.items() if k != dropped}, "3x1x8": "sdpa"}
     meta_file.write_text(json.dumps({**meta, "cpu_bf16_attention": kept}))
-    attention._chosen.clear()
     monkeypatch.setenv(attention.KERNEL_ENV, "explicit")
     second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
     meta = json.loads((second.last_checkpoint / "train_state" / "trainer.json").read_text())
     assert meta["cpu_bf16_attention"] == {**kept, dropped: "explicit"}
 
-    attention.pin_cpu_bf16_kernel(None)
-    attention._chosen.clear()
+    # in the same process, after the bf16 runs (as the demo runs pretraining and fine-tunes): nothing carried over
     fp32 = train(load_train_config("debug", _args(ds, steps=1, save_every=1)), tmp_path / "fp32")
     meta = json.loads((fp32.last_checkpoint / "train_state" / "trainer.json").read_text())
     assert meta["cpu_bf16_attention"] == {}

@@ -206,10 +206,11 @@ def merge_datasets(
     terminal).
     """
     out = Path(out)
-    _prepare_out(out, sources, overwrite)
+    # the sources are read and checked before anything at ``out`` is touched (--overwrite deletes it)
     readers = _open_sources(sources)
     items = _episodes_by_split(readers)
     _check_servo_models(items)
+    _prepare_out(out, sources, overwrite)
     identity = {"sources": [str(Path(s).resolve()) for s in sources]}
     record = begin(
         out, _resume_command(sources, out), identity, replace_hint=" (or pass --overwrite to replace it)"

@@ -157,6 +157,10 @@ def replay_bridge(
 ) -> dict[str, Any]:
     """Replay Bridge episodes on the sim WidowX; per-episode divergences and their means (``summary``)."""
     eps = read_bridge_episodes(path, split, episodes)
+    from vla.eval.replay import check_log
+
+    for ep in eps:  # every episode checked before any is replayed (no replay's work thrown away)
+        check_log(ep["states"], ep["actions"], ep["name"])
     replayer = BridgeReplayer()
     rows = []
     try:

@@ -92,6 +92,13 @@ def pin_cpu_bf16_kernel(kernel: str | None) -> None:
     _pinned, _restored, _env_used = kernel, False, None
 
 
+def reset_cpu_bf16_kernels() -> None:
+    """Forget every kernel measured, pinned or restored in this process: a new training run (several run in one
+    process, e.g. the demo's pretraining and fine-tunes) measures afresh and records only the layouts it used."""
+    _chosen.clear()
+    pin_cpu_bf16_kernel(None)
+
+
 def cpu_bf16_kernel_choices() -> dict[str, str]:
     """The kernels this process used for bf16 attention on the CPU, for the checkpoint: ``{"pinned": kernel}``
     (pinned by ``pin_cpu_bf16_kernel``, a resumed record, or the environment variable), ``{"<H>x<KV>x<d>": kernel,
@@ -111,6 +118,7 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     training, or a checkpoint from before the record) leaves the choice to the environment variable or a
     measurement."""
     global _restored
+    _chosen.clear()  # another run's measurements in this process are not this run's
     pin_cpu_bf16_kernel(choices.get("pinned"))
     for layout, kernel in choices.items():
         if layout != "pinned" and kernel in KERNELS:
@@ -120,8 +128,9 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     env = env_kernel()
     if choices and env is not None and set(choices.values()) != {env}:
         log.warning(
-            "%s=%s ignored: this resumed run keeps the CPU bf16 attention kernels its checkpoint recorded (%s)",
-            KERNEL_ENV, env, choices,
+            "%s=%s ignored for the layouts its checkpoint recorded: this resumed run keeps their CPU bf16 attention "
+            "kernels (%s); a layout the record lacks runs with %s=%s",
+            KERNEL_ENV, env, choices, KERNEL_ENV, env,
         )  # fmt: skip
 
 

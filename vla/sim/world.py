@@ -103,7 +103,7 @@ class World:
             with np.errstate(over="ignore"):  # a huge target on a continuous joint: |delta| / per_step is inf
                 ramp[lo:hi] = max(1.0, float(np.ceil(np.max(np.abs(delta[lo:hi]) / per_step[lo:hi]))))
             if np.isinf(ramp[lo]):  # the slowest joint's pace, computed without the overflowing division
-                with np.errstate(divide="ignore"):  # a joint that stays put paces nothing (inf)
+                with np.errstate(divide="ignore", over="ignore"):  # a joint that stays put (or ~so) paces inf
                     pace[lo:hi] = np.min(per_step[lo:hi] / np.abs(delta[lo:hi]))
         # compared as floats: an inf ramp (see above) is more than any n, and int() cannot take it
         steps = int(min(n, ramp.max()))

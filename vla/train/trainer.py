@@ -32,7 +32,7 @@ from vla.data.loader import VLALoader, build_loader
 from vla.models.attention import (
     cpu_bf16_kernel_choices,
     env_kernel,
-    pin_cpu_bf16_kernel,
+    reset_cpu_bf16_kernels,
     restore_cpu_bf16_kernels,
 )
 from vla.models.backbone import resolve_pretrained
@@ -129,9 +129,9 @@ class Trainer:
         self.compile_decision: dict[str, Any] | None = None
         self.pinned_compile: bool | None = None
         self.datasets = sorted({s.name for s in self.loader.dataset.sources})
-        pin_cpu_bf16_kernel(
-            None
-        )  # a fresh run measures; a resumed one takes its checkpoint's kernels (_resume)
+        # a fresh run measures (not reusing another run's measurements in this process); a resumed one takes its
+        # checkpoint's kernels (_resume)
+        reset_cpu_bf16_kernels()
         if self.resume_from is not None:
             self._resume(self.resume_from)
         self.val_loader = self._build_val_loader()
