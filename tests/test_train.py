@@ -373,30 +373,32 @@ def test_gradient_accumulation_equals_the_larger_batch(wx: Path, tmp_path: Path)
 
 
 def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -> None:
-    """The CPU bf16 attention kernels a run measured go into trainer.json and a resumed run keeps them."""
+    """The CPU bf16 attention kernels a run measured go into trainer.json (rank 0's) and each rank's own record; a
+    resumed run keeps its rank's record (ranks measure apart), or trainer.json's where there is none (an older
+    checkpoint, or another world size)."""
     from vla.models import attention
 
     ds = tiny_dataset(tmp_path, "wx_bf16")
     run = tmp_path / "run"
-    try:
-        first = train(
-            load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run
-        )
-        chosen = json.loads((first.last_checkpoint / "train_state" / "trainer.json").read_text())[
-            "cpu_bf16_attention"
-        ]
-        assert chosen and set(chosen.values()) <= set(attention.KERNELS), chosen
-        # the checkpoint's record, flipped: the resumed run must take it over rather than measure again
-        meta_file = first.last_checkpoint / "train_state" / "trainer.json"
-        meta = json.loads(meta_file.read_text())
-        ks = attention.KERNELS
-        flipped = {k: ks[(ks.index(v) + 1) % len(ks)] for k, v in chosen.items()}
-        meta_file.write_text(json.dumps({**meta, "cpu_bf16_attention": flipped}))
-        attention._chosen.clear()
-        train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
-        assert attention.cpu_bf16_kernel_choices() == flipped
-    finally:
-        attention.pin_cpu_bf16_kernel(None)
+    first = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run)
+    ts = first.last_checkpoint / "train_state"
+    chosen = json.loads((ts / "trainer.json").read_text())["cpu_bf16_attention"]
+    assert chosen and set(chosen.values()) <= set(attention.KERNELS), chosen
+    assert json.loads((ts / "attention0.json").read_text()) == chosen
+    ks = attention.KERNELS
+    flip = lambda c: {k: ks[(ks.index(v) + 1) % len(ks)] for k, v in c.items()}  # noqa: E731
+    # the rank's record, flipped: the resumed run must take it over rather than measure again
+    (ts / "attention0.json").write_text(json.dumps(flip(chosen)))
+    second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
+    assert attention.cpu_bf16_kernel_choices() == flip(chosen)
+    # no rank record (a checkpoint from before them): trainer.json's applies
+    ts = second.last_checkpoint / "train_state"
+    (ts / "attention0.json").unlink()
+    meta = json.loads((ts / "trainer.json").read_text())
+    assert meta["cpu_bf16_attention"] == flip(chosen)
+    (ts / "trainer.json").write_text(json.dumps({**meta, "cpu_bf16_attention": flip(flip(chosen))}))
+    train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=4, save_every=4)), run)
+    assert attention.cpu_bf16_kernel_choices() == flip(flip(chosen))
 
 
 def test_a_kernel_pinned_by_the_environment_is_recorded_and_kept_on_resume(
@@ -448,6 +450,7 @@ def test_a_layout_missing_from_a_resumed_record_is_recorded_and_fp32_records_no_
     dropped = sorted(chosen)[0]
     kept = {**{k: v for k, v in chosen.items() if k != dropped}, "3x1x8": "sdpa"}
     meta_file.write_text(json.dumps({**meta, "cpu_bf16_attention": kept}))
+    (meta_file.parent / "attention0.json").write_text(json.dumps(kept))  # the rank's own record, which wins
     monkeypatch.setenv(attention.KERNEL_ENV, "explicit")
     second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
     meta = json.loads((second.last_checkpoint / "train_state" / "trainer.json").read_text())
@@ -459,12 +462,17 @@ def test_a_layout_missing_from_a_resumed_record_is_recorded_and_fp32_records_no_
     assert meta["cpu_bf16_attention"] == {}
 
 
-def test_bf16_holds_frozen_weights_in_bf16_with_bitwise_the_same_losses(wx: Path, tmp_path: Path) -> None:
+def test_bf16_holds_frozen_weights_in_bf16_with_bitwise_the_same_losses(
+    wx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``train.frozen_bf16`` (on by default): under bf16 autocast the frozen vision tower's Linear/Conv weights are
     stored in bf16, the values autocast rounds them to at every call. The losses and the trained weights are bit for
     bit those of the float32-held run; the checkpoint stays float32, its frozen weights rounded to bf16 once."""
+    from vla.models import attention
     from vla.train.model_setup import held_in_float32, hold_frozen_in_bf16
 
+    # two runs compared bit for bit: one bf16 attention kernel for both (each run would measure its own)
+    monkeypatch.setenv(attention.KERNEL_ENV, "sdpa_fp32")
     runs = {}
     for hold in (False, True):
         over = (
@@ -509,8 +517,11 @@ def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(
     straight equal 2 steps + resume + 2 steps bit for bit, the resumed run taking the checkpoint's decision over
     ``auto`` (which alone would stay eager in so short a run)."""
     import vla.train.trainer
+    from vla.models import attention
     from vla.models.compiled import frozen_compile
 
+    # separate runs compared bit for bit: one bf16 attention kernel for all (each run would measure its own)
+    monkeypatch.setenv(attention.KERNEL_ENV, "sdpa_fp32")
     frozen = ("model.backbone.freeze_vision=true", "model.backbone.freeze_language=true")
     frozen += (f"train.precision={precision}",)
     ran: list[str] = []

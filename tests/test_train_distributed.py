@@ -63,6 +63,7 @@ def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(
     ts = latest_complete(tmp_path / "two") / "train_state"
     assert (ts / "rank0.json").is_file() and (ts / "rank1.json").is_file()  # every rank's loader position
     assert (ts / "rng0.pt").is_file() and (ts / "rng1.pt").is_file()
+    assert (ts / "attention0.json").is_file() and (ts / "attention1.json").is_file()  # each rank's kernels
 
 
 def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None:

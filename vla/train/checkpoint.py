@@ -128,15 +128,19 @@ def save_train_state(
     rank: int,
     app_state: dict[str, Any],
     loader_state: dict[str, Any],
+    attention: dict[str, str] | None = None,
 ) -> None:
     """Collective: every rank writes its DCP shard of ``app_state`` (model/optimizer/EMA state dicts) and its own
-    loader position and RNG states into ``folder/train_state``."""
+    loader position, RNG states and CPU bf16 attention kernels (``attention``: each rank measures its own, so two
+    ranks may differ) into ``folder/train_state``."""
     ts = folder / TRAIN_STATE
     ts.mkdir(parents=True, exist_ok=True)
     with _single_process_quiet():
         dcp.save(app_state, checkpoint_id=str(ts / "dcp"))
     (ts / f"rank{rank}.json").write_text(json.dumps(loader_state))
     torch.save(rng_state(), ts / f"rng{rank}.pt")
+    if attention is not None:
+        (ts / f"attention{rank}.json").write_text(json.dumps(attention))
 
 
 def write_trainer_meta(folder: Path, meta: dict[str, Any], config: dict[str, Any]) -> None:
@@ -212,6 +216,13 @@ def read_trainer_meta(folder: Path) -> dict[str, Any]:
             "resume; start a new run (or fine-tune from it)"
         )
     return json.loads(path.read_text())
+
+
+def read_rank_attention(folder: Path, rank: int) -> dict[str, str] | None:
+    """The CPU bf16 attention kernels ``rank`` recorded, or None (no such rank then, or a checkpoint from before
+    per-rank records: trainer.json's, rank 0's, apply)."""
+    f = folder / TRAIN_STATE / f"attention{rank}.json"
+    return json.loads(f.read_text()) if f.is_file() else None
 
 
 def read_rank_state(folder: Path, rank: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

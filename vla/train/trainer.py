@@ -234,7 +234,14 @@ class Trainer:
         self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
         self.scheduler.load_state_dict(meta["scheduler"])
         self.step, self.samples_seen = int(meta["step"]), int(meta["samples_seen"])
-        restore_cpu_bf16_kernels(meta.get("cpu_bf16_attention") or {})  # the run's kernels (bitwise resume)
+        # the run's kernels (bitwise resume): this rank's own record when the world size is the same (ranks measure
+        # apart and may differ), else rank 0's (trainer.json)
+        own = (
+            ckpt.read_rank_attention(folder, self.rt.rank)
+            if meta["world_size"] == self.rt.world_size
+            else None
+        )
+        restore_cpu_bf16_kernels(own if own is not None else meta.get("cpu_bf16_attention") or {})
         # the run's graphs, not a new measurement (bitwise resume); checkpoints from before train.compile: eager
         self.pinned_compile = bool((meta.get("compile_frozen") or {}).get("compiled", False))
         loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
@@ -590,7 +597,11 @@ class Trainer:
             rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
         rt.barrier()
         ckpt.save_train_state(
-            tmp, rank=rt.rank, app_state=self._app_state(), loader_state=self.loader.state_dict()
+            tmp,
+            rank=rt.rank,
+            app_state=self._app_state(),
+            loader_state=self.loader.state_dict(),
+            attention=cpu_bf16_kernel_choices(),
         )
         rt.barrier()
         final = None
