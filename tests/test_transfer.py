@@ -59,3 +59,24 @@ def test_pretrained_model_fine_tunes_to_a_lower_validation_loss_than_a_fresh_one
     # pretraining itself learned: its own held-out loss fell
     pretrain = _val_curve(demo.root / "pretrain")
     assert pretrain[SIZES.pretrain_steps] < 0.7 * pretrain[0], pretrain
+
+
+def test_the_model_reads_the_demo_image_size(tmp_path: Path) -> None:
+    """``DemoSizes.image_size`` (the study's ``--image-size``) sets the rendered images and the model's input size
+    alike: the pretrained model, the fresh one and both fine-tunes read 96 px, so nothing is resized behind the
+    user's back and a larger size really gives the vision tower more pixels."""
+    from dataclasses import replace
+
+    from vla.data.readers import open_dataset
+    from vla.demo import QUICK
+
+    d = Demo(tmp_path, replace(QUICK, image_size=96))
+    d.generate()
+    d.pretrain()
+    d.finetune()
+    ds = open_dataset(d.dataset("panda"))
+    frames = ds.read_images("train", 0, [0], ds.image_keys())
+    assert all(v.shape[1:3] == (96, 96) for v in frames.values()), {k: v.shape for k, v in frames.items()}
+    for folder in ("fresh_init", "export_pretrained", "export_fresh"):
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        assert config["model"]["backbone"]["image_size"] == 96, (folder, config["model"]["backbone"])

@@ -48,7 +48,9 @@ class DemoSizes:
     batch_size: int = 16
     eval_episodes: int = 10  # per policy and randomization, on the same seeds for every policy
     workers: int = 2
-    image_size: int = 64  # the tiny model's vision tower reads 64 px
+    image_size: int = (
+        64  # rendered and model input size (the tiny vision tower's native 64 px; others: a multiple of 16)
+    )
     randomization: str = "low"  # generation and the first evaluation column
     train_seed: int = 0  # pretraining's and fine-tuning's train.seed
     new_robot_seed: int = 1000  # generation seed of the unseen robot's demonstrations (pretraining data: 0)
@@ -163,14 +165,16 @@ class Demo:
         sets = self.common_sets(self.sizes.pretrain_steps)
         self.vla("train", "debug", "--run-dir", self.root / "pretrain",
                  "--set", f"data.mixture={self.root / 'pretrain_mixture.yaml'}",
-                 "--set", "optim.warmup_steps=20", *sets)  # fmt: skip
+                 "--set", "optim.warmup_steps=20", "--set", f"model.backbone.image_size={self.sizes.image_size}",
+                 *sets)  # fmt: skip
 
     # ---- 3. fine-tuning --------------------------------------------------------------------------------------
     def finetune(self) -> None:
         fresh = self.root / "fresh_init"
         if not (fresh / "config.json").is_file():
             robots = [a for r in PRETRAIN_ROBOTS for a in ("--embodiment", f"sim_{r}")]
-            self.vla("model", "init", "tiny_smolvlm", "--out", fresh, *robots, "--overwrite")
+            self.vla("model", "init", "tiny_smolvlm", "--out", fresh, *robots, "--overwrite",
+                     "--set", f"backbone.image_size={self.sizes.image_size}")  # fmt: skip
         s = self.sizes
         sets = self.common_sets(s.finetune_steps)
         if s.finetune_lr is not None:
