@@ -48,9 +48,8 @@ class DemoSizes:
     batch_size: int = 16
     eval_episodes: int = 10  # per policy and randomization, on the same seeds for every policy
     workers: int = 2
-    image_size: int = (
-        64  # rendered and model input size (the tiny vision tower's native 64 px; others: a multiple of 16)
-    )
+    # rendered and model input size (the tiny vision tower's native 64 px; others: a multiple of 16)
+    image_size: int = 64
     randomization: str = "low"  # generation and the first evaluation column
     train_seed: int = 0  # pretraining's and fine-tuning's train.seed
     new_robot_seed: int = 1000  # generation seed of the unseen robot's demonstrations (pretraining data: 0)

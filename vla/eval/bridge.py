@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from vla.eval.replay import check_log
+
 CONTROL_HZ = 5.0  # BridgeData V2's control rate
 SITE_IN_LOG_FRAME = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])  # columns: site x, y, z
 
@@ -96,8 +98,6 @@ class BridgeReplayer:
         import mujoco
         from scipy.spatial.transform import Rotation
 
-        from vla.eval.replay import check_log
-
         check_log(states, actions, name)
 
         env = self.env
@@ -157,8 +157,6 @@ def replay_bridge(
 ) -> dict[str, Any]:
     """Replay Bridge episodes on the sim WidowX; per-episode divergences and their means (``summary``)."""
     eps = read_bridge_episodes(path, split, episodes)
-    from vla.eval.replay import check_log
-
     for ep in eps:  # every episode checked before any is replayed (no replay's work thrown away)
         check_log(ep["states"], ep["actions"], ep["name"])
     replayer = BridgeReplayer()
