@@ -28,7 +28,7 @@ A task other than ``reach`` works in ``<workdir>/<task>/`` and writes ``transfer
 
     .venv/bin/python scripts/transfer_study.py [--task reach] [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
         [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--finetune-preset P]
-        [--finetune-lr LR] [--validation]
+        [--finetune-lr LR] [--image-size PX] [--validation] [--training-from DIR] [--first-eval-seed S]
 """
 
 from __future__ import annotations
@@ -368,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         help="evaluate the trained models of a finished study's work folder (e.g. runs/transfer_study/validation: "
         "training never sees evaluation seeds, so the same seeds train the same models) instead of training again",
     )
+    ap.add_argument(
+        "--first-eval-seed",
+        type=int,
+        default=EVAL_SEED,
+        help="first episode seed of the reported evaluation: a block no earlier run evaluated gives a confirmation "
+        "run on new episodes (seed k evaluates episodes (S + k*N, i), i < N)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/...)")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.eval_episodes < 1:
@@ -375,12 +382,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.execute_steps is not None and args.execute_steps < 1:
         ap.error(f"--execute-steps must be at least 1, got {args.execute_steps}")
 
+    if args.validation and args.first_eval_seed != EVAL_SEED:
+        ap.error("--first-eval-seed sets the reported evaluation's block; --validation always uses its own")
+    last_base = args.first_eval_seed + (args.seeds - 1) * args.eval_episodes
+    if not args.validation and not 0 <= args.first_eval_seed <= last_base < VALIDATION_SEED:
+        ap.error(
+            f"--first-eval-seed {args.first_eval_seed}: the reported blocks must lie in [0, {VALIDATION_SEED}) "
+            f"(this run's last block starts at {last_base}); from {VALIDATION_SEED} on are the validation "
+            "episodes tuning looked at"
+        )
+
     kind = "transfer_study_validation" if args.validation else "transfer_study"
     named = "" if args.task == "reach" else f"_{args.task}"
     out = args.out or REPO / "benchmarks" / "results" / f"{kind}{named}_{date.today().isoformat()}.json"
     if args.task != "reach":
         args.workdir = args.workdir / args.task
-    first_eval_seed = VALIDATION_SEED if args.validation else EVAL_SEED
+    first_eval_seed = VALIDATION_SEED if args.validation else args.first_eval_seed
     workdir = args.workdir / ("validation" if args.validation else "reported")
     t0 = time.perf_counter()
     runs = []

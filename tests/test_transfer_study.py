@@ -239,3 +239,32 @@ def test_study_tasks_are_those_whose_instruction_picks_an_object() -> None:
     study = _study()
     # exact: a new task joins only by opting in (Task.names_object defaults to False)
     assert set(study.TARGET_TASKS) == {"reach", "reach_slots", "pick_place", "push", "stack"}
+
+
+def test_first_eval_seed_moves_the_reported_block_and_never_into_the_validation_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--first-eval-seed``: a confirmation run on episodes no earlier run evaluated. Seed k starts at S + k*N; a
+    block reaching the validation episodes, or the flag with ``--validation``, is refused before anything runs."""
+    study = _study()
+    seen: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def record(self) -> None:
+        seen.append(self.sizes.eval_seed)
+        if len(seen) == 3:
+            raise Stop
+
+    monkeypatch.setattr(study.SeedRun, "run_stages", record)
+    base = ["--workdir", str(tmp_path), "--out", str(tmp_path / "r.json")]
+    with pytest.raises(Stop):
+        study.main([*base, "--first-eval-seed", "30000", "--eval-episodes", "150"])
+    assert seen == [30_000, 30_150, 30_300]
+    seen.clear()
+    for bad in (["--first-eval-seed", str(study.VALIDATION_SEED - 100)],  # seed 2's block would start inside it
+                ["--first-eval-seed", "-1"], ["--first-eval-seed", "30000", "--validation"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            study.main([*base, *bad])
+    assert seen == []
