@@ -29,6 +29,7 @@ A task other than ``reach`` works in ``<workdir>/<task>/`` and writes ``transfer
     .venv/bin/python scripts/transfer_study.py [--task reach] [--seeds 3] [--eval-episodes 50] [--workdir runs/transfer_study]
         [--pretrain-steps N] [--finetune-steps N] [--episodes-per-robot N] [--new-robot-episodes N] [--finetune-preset P]
         [--finetune-lr LR] [--image-size PX] [--validation] [--training-from DIR] [--first-eval-seed S]
+        [--first-seed K]
 """
 
 from __future__ import annotations
@@ -338,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = StudySizes()
     ap.add_argument("--seeds", type=int, default=d.seeds)
+    ap.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="first training seed: seeds K..K+seeds-1 (a replication on training seeds no earlier run used)",
+    )
     ap.add_argument("--task", default=d.task, choices=TARGET_TASKS,
                     help="the sim task (reach_slots: the objects on fixed slots)")  # fmt: skip
     ap.add_argument("--episodes-per-robot", type=int, default=d.episodes_per_robot)
@@ -377,14 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/...)")
     args = ap.parse_args(argv)
-    if args.seeds < 1 or args.eval_episodes < 1:
-        ap.error("--seeds and --eval-episodes must be at least 1")
+    if args.seeds < 1 or args.eval_episodes < 1 or args.first_seed < 0:
+        ap.error("--seeds and --eval-episodes must be at least 1, --first-seed at least 0")
     if args.execute_steps is not None and args.execute_steps < 1:
         ap.error(f"--execute-steps must be at least 1, got {args.execute_steps}")
 
     if args.validation and args.first_eval_seed != EVAL_SEED:
         ap.error("--first-eval-seed sets the reported evaluation's block; --validation always uses its own")
-    last_base = args.first_eval_seed + (args.seeds - 1) * args.eval_episodes
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    last_base = args.first_eval_seed + seeds[-1] * args.eval_episodes
     if not args.validation and not 0 <= args.first_eval_seed <= last_base < VALIDATION_SEED:
         ap.error(
             f"--first-eval-seed {args.first_eval_seed}: the reported blocks must lie in [0, {VALIDATION_SEED}) "
@@ -401,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir / ("validation" if args.validation else "reported")
     t0 = time.perf_counter()
     runs = []
-    for seed in range(args.seeds):
+    for seed in seeds:
         sizes = StudySizes(
             episodes_per_robot=args.episodes_per_robot,
             new_robot_episodes=args.new_robot_episodes,
@@ -443,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             "new_robot": NEW_ROBOT,
             "levels": list(levels),
             "first_eval_seed": first_eval_seed,
+            "training_seeds": list(seeds),
             # what the evaluated fine-tunes were trained with, read from their runs (with --training-from the
             # flags above may differ from the kept models' recipe)
             "finetune_used": [_finetune_recipe(r.root / "finetune_pretrained") for r in runs],

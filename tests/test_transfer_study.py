@@ -263,8 +263,14 @@ def test_first_eval_seed_moves_the_reported_block_and_never_into_the_validation_
         study.main([*base, "--first-eval-seed", "30000", "--eval-episodes", "150"])
     assert seen == [30_000, 30_150, 30_300]
     seen.clear()
+    # --first-seed 3: training seeds 3..5, each evaluated on its own block after the default run's
+    with pytest.raises(Stop):
+        study.main([*base, "--first-seed", "3"])
+    assert seen == [study.EVAL_SEED + 150, study.EVAL_SEED + 200, study.EVAL_SEED + 250]
+    seen.clear()
     for bad in (["--first-eval-seed", str(study.VALIDATION_SEED - 100)],  # seed 2's block would start inside it
-                ["--first-eval-seed", "-1"], ["--first-eval-seed", "30000", "--validation"]):  # fmt: skip
+                ["--first-eval-seed", "-1"], ["--first-eval-seed", "30000", "--validation"],
+                ["--first-seed", "-1"]):  # fmt: skip
         with pytest.raises(SystemExit):
             study.main([*base, *bad])
     assert seen == []
