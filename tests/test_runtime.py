@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,41 @@ def test_every_command_applies_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vla.runtime, "tune_allocator", lambda: calls.append(1))
     assert cli.main(["model", "info", "/nonexistent/checkpoint"]) == 2  # fails after start-up
     assert calls == [1]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {
+        f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()
+    }
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"), reason="x86 CPU flags decide the expectation"
+)
+def test_bf16_probe_tells_emulating_cpus_from_native_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe agrees with the CPU's flags where they decide it: bf16 units (AMX, AVX-512 BF16) run a bf16 matmul
+    faster than fp32; AVX2-only CPUs emulate it (the 2-core AMD EPYC 7001 VM: 80x slower)."""
+    import torch
+
+    flags = _cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags on this system")
+    monkeypatch.setattr(vla.runtime, "_bf16_slowdown", None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        slowdown = vla.runtime.cpu_bf16_slowdown()
+    finally:
+        torch.set_num_threads(threads)
+    assert 0 < slowdown < float("inf")
+    assert vla.runtime.cpu_bf16_slowdown() == slowdown  # measured once per process
+    if flags & {"amx_bf16", "avx512_bf16"}:
+        assert not vla.runtime.cpu_emulates_bf16(), (slowdown, sorted(flags & {"amx_bf16", "avx512_bf16"}))
+    elif "avx512f" not in flags:
+        assert vla.runtime.cpu_emulates_bf16(), slowdown
+    else:
+        pytest.skip(f"AVX-512 without bf16 units: no fixed expectation (measured {slowdown:.1f}x)")

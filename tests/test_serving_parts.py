@@ -443,9 +443,24 @@ def test_batch_window_flag_takes_milliseconds_or_auto() -> None:
 def test_select_mode_times_candidates_and_keeps_an_accurate_one() -> None:
     from vla.serving.modes import REFERENCE, Mode, candidates, select_mode
 
-    assert candidates(None, None, "cpu") == [Mode("float32", False), Mode("float32", True),
-                                             Mode("bfloat16", False), Mode("bfloat16", True)]  # fmt: skip
-    assert candidates("bfloat16", False, "cpu") == [Mode("bfloat16", False)]
+    native = 0.4  # a bf16 matmul 0.4x the time of fp32 (AMX / AVX-512 BF16)
+    assert candidates(None, None, "cpu", bf16_slowdown=native) == [
+        Mode("float32", False), Mode("float32", True), Mode("bfloat16", False), Mode("bfloat16", True)]  # fmt: skip
+    assert candidates("bfloat16", False, "cpu", bf16_slowdown=native) == [Mode("bfloat16", False)]
+    # a CPU that emulates bf16 (80x measured on an AVX2-only EPYC): bf16 is not tried unless asked for
+    assert candidates(None, None, "cpu", bf16_slowdown=80.0) == [
+        Mode("float32", False),
+        Mode("float32", True),
+    ]
+    assert candidates(None, False, "cpu", bf16_slowdown=80.0) == [Mode("float32", False)]
+    assert candidates("bfloat16", None, "cpu", bf16_slowdown=80.0) == [
+        Mode("bfloat16", False),
+        Mode("bfloat16", True),
+    ]
+    assert candidates(None, None, "cuda", bf16_slowdown=80.0)[2:] == [
+        Mode("bfloat16", False),
+        Mode("bfloat16", True),
+    ]
     policy = _policy()
     mode, trials = select_mode(policy, [REFERENCE, Mode("bfloat16", False)], [1, 2], repeats=1)
     by_mode = {t.mode: t for t in trials}

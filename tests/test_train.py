@@ -372,15 +372,25 @@ def test_gradient_accumulation_equals_the_larger_batch(wx: Path, tmp_path: Path)
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
-def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -> None:
+def test_bf16_run_records_and_resume_pins_its_attention_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The CPU bf16 attention kernels a run measured go into trainer.json (rank 0's) and each rank's own record; a
     resumed run keeps its rank's record (ranks measure apart), or trainer.json's where there is none (an older
-    checkpoint, or another world size)."""
+    checkpoint, or another world size). On a CPU that emulates bf16 the run warns (and still trains)."""
+    import vla.runtime
     from vla.models import attention
 
     ds = tiny_dataset(tmp_path, "wx_bf16")
     run = tmp_path / "run"
-    first = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run)
+    monkeypatch.setattr(vla.runtime, "_bf16_slowdown", 80.0)  # as measured on an AVX2-only AMD EPYC
+    with caplog.at_level("WARNING", logger="vla.train.trainer"):
+        first = train(
+            load_train_config("debug", _args(ds, "train.precision=bf16", steps=2, save_every=2)), run
+        )
+    assert any("without bf16 units" in r.getMessage() and "80x" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(vla.runtime, "_bf16_slowdown", 0.4)  # bf16 units (AMX / AVX-512 BF16): no warning
+    caplog.clear()
     ts = first.last_checkpoint / "train_state"
     chosen = json.loads((ts / "trainer.json").read_text())["cpu_bf16_attention"]
     assert chosen and set(chosen.values()) <= set(attention.KERNELS), chosen
@@ -389,7 +399,11 @@ def test_bf16_run_records_and_resume_pins_its_attention_kernel(tmp_path: Path) -
     flip = lambda c: {k: ks[(ks.index(v) + 1) % len(ks)] for k, v in c.items()}  # noqa: E731
     # the rank's record, flipped: the resumed run must take it over rather than measure again
     (ts / "attention0.json").write_text(json.dumps(flip(chosen)))
-    second = train(load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run)
+    with caplog.at_level("WARNING", logger="vla.train.trainer"):
+        second = train(
+            load_train_config("debug", _args(ds, "train.precision=bf16", steps=3, save_every=3)), run
+        )
+    assert not any("without bf16 units" in r.getMessage() for r in caplog.records)
     assert attention.cpu_bf16_kernel_choices() == flip(chosen)
     # no rank record (a checkpoint from before them): trainer.json's applies
     ts = second.last_checkpoint / "train_state"

@@ -12,6 +12,12 @@ is that the process keeps freed memory (resident memory stays at about its peak,
 of returning it between steps, in forked loader workers too.
 
 ``VLA_MALLOC_TUNING=0`` leaves the allocator as it is. Elsewhere than on glibc this does nothing.
+
+``cpu_bf16_slowdown``: how much slower a bf16 matmul runs than an fp32 one on this CPU. CPUs with bf16 units (AMX,
+AVX-512 BF16) run it 2-10x *faster*; CPUs without them (AVX2 only, e.g. the AMD EPYC 7001 "Zen 1" VMs this project
+also runs on) emulate it, measured 30-80x *slower* there (256x256 and 1024x1024 matmuls), so bf16 weights or bf16 autocast would make every model
+slower by about that much. ``vla serve`` leaves bf16 out of its mode trials there (a single trial of it took
+minutes), and ``vla train`` warns when asked for bf16 there.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ TRIM_THRESHOLD = (1 << 31) - 1  # the largest an int takes: free heap top is kep
 TOP_PAD = 64 << 20  # grow the heap 64 MiB beyond each request: fewer brk calls
 
 _applied: dict[str, int] | None = None
+
+#: a bf16 matmul this many times slower than fp32 means the CPU emulates bf16 (no AMX / AVX-512 BF16 units)
+BF16_EMULATED_SLOWDOWN = 2.0
+_bf16_slowdown: float | None = None
 
 
 def tune_allocator() -> dict[str, int] | None:
@@ -61,3 +71,33 @@ def tune_allocator() -> dict[str, int] | None:
     _applied = {"mmap_threshold": threshold, "trim_threshold": TRIM_THRESHOLD, "top_pad": TOP_PAD}
     log.debug("allocator: %s", _applied)
     return _applied
+
+
+def cpu_bf16_slowdown(n: int = 256, repeats: int = 5) -> float:
+    """Seconds of a bf16 ``[n, n] @ [n, n]`` matmul over those of an fp32 one on this CPU, at the current torch
+    thread count (best of ``repeats`` each, after a warm-up); measured once per process (~1 ms where bf16 is
+    native, ~0.3 s where it is emulated). Above ``BF16_EMULATED_SLOWDOWN``: the CPU has no bf16 units."""
+    global _bf16_slowdown
+    if _bf16_slowdown is None:
+        import time
+
+        import torch
+
+        best = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.ones(n, n, dtype=dtype), torch.ones(n, n, dtype=dtype)
+            a @ b  # warm-up (kernel selection, first-touch)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - start)
+            best[dtype] = min(times)
+        _bf16_slowdown = best[torch.bfloat16] / max(best[torch.float32], 1e-9)
+        log.debug("bf16 matmul: %.2fx the time of fp32 on this CPU", _bf16_slowdown)
+    return _bf16_slowdown
+
+
+def cpu_emulates_bf16() -> bool:
+    """Whether this CPU runs bf16 matmuls far slower than fp32 (``cpu_bf16_slowdown``; no AMX / AVX-512 BF16)."""
+    return cpu_bf16_slowdown() > BF16_EMULATED_SLOWDOWN

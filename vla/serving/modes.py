@@ -56,9 +56,33 @@ class Trial:
         }
 
 
-def candidates(dtype: str | None, compile: bool | None, device: str) -> list[Mode]:
-    """The modes to try: the user's choice when both are given, else every combination left open."""
+def candidates(
+    dtype: str | None, compile: bool | None, device: str, *, bf16_slowdown: float | None = None
+) -> list[Mode]:
+    """The modes to try: the user's choice when both are given, else every combination left open, except bf16
+    on a CPU that emulates it (a bf16 matmul more than ``BF16_EMULATED_SLOWDOWN`` times slower than fp32,
+    ``bf16_slowdown``, measured here when None; an AVX2-only AMD EPYC measured 30-80x, where one bf16 trial would
+    take minutes and could never win)."""
+    from vla.runtime import BF16_EMULATED_SLOWDOWN, cpu_bf16_slowdown
+
     dtypes = [dtype] if dtype else ["float32", "bfloat16"]
+    if dtype is None and device.split(":")[0] == "cpu":
+        slowdown = cpu_bf16_slowdown() if bf16_slowdown is None else bf16_slowdown
+        if slowdown > BF16_EMULATED_SLOWDOWN:
+            log.info(
+                "serving modes: bf16 left out (a bf16 matmul takes %.0fx the time of fp32 on this CPU: no bf16 "
+                "units); trying float32 only",
+                slowdown,
+            )
+            dtypes = ["float32"]
+    elif dtype == "bfloat16" and device.split(":")[0] == "cpu":
+        slowdown = cpu_bf16_slowdown() if bf16_slowdown is None else bf16_slowdown
+        if slowdown > BF16_EMULATED_SLOWDOWN:
+            log.warning(
+                "--dtype bfloat16 on a CPU without bf16 units (a bf16 matmul takes %.0fx the time of fp32 here): "
+                "every chunk will be about that much slower than with --dtype float32",
+                slowdown,
+            )
     compiles = [compile] if compile is not None else [False, True]
     return [Mode(d, c) for d in dtypes for c in compiles]
 

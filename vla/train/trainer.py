@@ -117,6 +117,15 @@ class Trainer:
         no_decay = self._prepare_finetune()
         # bf16 autocast rounds frozen weights at every call: round them once (the same numbers; FSDP2 shards need
         # one dtype per layer and keeps its own mixed-precision policy)
+        if cfg.train.precision == "bf16" and self.rt.device.type == "cpu" and self.rt.is_main:
+            from vla.runtime import cpu_bf16_slowdown, cpu_emulates_bf16
+
+            if cpu_emulates_bf16():
+                log.warning(
+                    "train.precision=bf16 on a CPU without bf16 units: a bf16 matmul takes %.0fx the time of fp32 "
+                    "here, so every step will be far slower than with --set train.precision=fp32",
+                    cpu_bf16_slowdown(),
+                )
         hold = cfg.train.precision == "bf16" and cfg.train.frozen_bf16 and self.rt.strategy != "fsdp2"
         self.held_bf16 = hold_frozen_in_bf16(self.model) if hold else []
         self.wrapped = self.rt.wrap(self.model, cfg.train.precision)
