@@ -29,6 +29,34 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
+#: the instruction-set flags that decide which kernels and precisions are fast (matmul width, bf16 units)
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def cpu_features() -> dict[str, object]:
+    """The CPU beyond its model name, recorded with every result: lscpu's "AMD EPYC" names both an AVX2-only
+    "Zen 1" VM (CPU family 23, bf16 emulated: a bf16 matmul 30-80x slower than fp32) and an AVX-512 BF16 one, whose
+    numbers differ several-fold. Family/model from ``/proc/cpuinfo``, and which of ``MATMUL_FLAGS`` it has."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    first: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        first[key.strip()] = value.strip()
+    flags = set(first.get("flags", "").split())
+    return {
+        "vendor": first.get("vendor_id"),
+        "family": first.get("cpu family"),
+        "model": first.get("model"),
+        "matmul_flags": [f for f in MATMUL_FLAGS if f in flags],
+        "bf16_units": bool(flags & {"avx512_bf16", "amx_bf16"}),
+    }
+
+
 def stats3(xs: list[float]) -> dict[str, float]:
     return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
@@ -99,7 +127,14 @@ def run_peer(bench_args: list[str], out: Path, timeout: int = 3600) -> dict:
 
 
 def emit(result: dict, out: str = "") -> None:
-    """Print the result as one JSON line (and write it to ``out`` when given)."""
+    """Print the result as one JSON line (and write it to ``out`` when given); a result that names its CPU
+    (``cpu_model`` or ``cpu``) gets ``cpu_features`` beside it."""
+    if (
+        isinstance(result, dict)
+        and ("cpu_model" in result or "cpu" in result)
+        and "cpu_features" not in result
+    ):
+        result = {**result, "cpu_features": cpu_features()}
     line = json.dumps(result, separators=(",", ":"), default=float)
     if out:
         Path(out).write_text(line + "\n")

@@ -179,3 +179,30 @@ def test_train_benchmark_rounds_compare_side_by_side() -> None:
         ("peer", "fp32"), ("ours", "fp32"), ("peer", "bf16"), ("ours", "bf16"),
     ]  # fmt: skip
     assert train.schedule(1, ["bf16"], []) == [("ours", "bf16")]  # --skip-peer
+
+
+def test_results_that_name_their_cpu_carry_its_features(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """lscpu's "AMD EPYC" names CPUs several-fold apart (an AVX2-only Zen 1 and an AVX-512 BF16 one): every
+    result that names its CPU also records family/model and the matmul-relevant flags, read from /proc/cpuinfo."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+    features = harness.cpu_features()
+    if not Path("/proc/cpuinfo").exists():
+        assert features == {}
+        pytest.skip("no /proc/cpuinfo")
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+                .split(":", 1)[1].split())  # fmt: skip
+    assert features["matmul_flags"] == [f for f in harness.MATMUL_FLAGS if f in flags]
+    assert features["bf16_units"] == bool(flags & {"avx512_bf16", "amx_bf16"})
+    out = tmp_path / "r.json"
+    harness.emit({"benchmark": "x", "cpu_model": "AMD EPYC"}, str(out))
+    assert json.loads(out.read_text())["cpu_features"] == features
+    assert json.loads(capsys.readouterr().out)["cpu_features"] == features
+    harness.emit({"benchmark": "x"}, str(out))  # a result that names no CPU is left as it is
+    assert "cpu_features" not in json.loads(out.read_text())
