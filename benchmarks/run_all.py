@@ -221,8 +221,18 @@ def _result_files(name: str, results: Path) -> list[Path]:
 
 
 def _cpu_of(r: dict[str, Any]) -> str:
-    """The CPU model a result recorded (older files: under ``cpu`` or the peer's section)."""
-    return r.get("cpu_model") or r.get("cpu") or _get(r, "peer_lerobot", "cpu_model") or "not recorded"
+    """The CPU a result recorded (older files: under ``cpu`` or the peer's section), as ``cpu_label`` names it."""
+    model = r.get("cpu_model") or r.get("cpu") or _get(r, "peer_lerobot", "cpu_model") or "not recorded"
+    return cpu_label(model, r.get("cpu_features"))
+
+
+def cpu_label(model: str, features: dict[str, Any] | None) -> str:
+    """lscpu's model name, plus CPU family and model where the result recorded them (``harness.cpu_features``):
+    "AMD EPYC" names both an AVX2-only Zen 1 (family 23) and an AVX-512 BF16 EPYC, several-fold apart, so their
+    results are kept apart. Results from before ``cpu_features`` keep the bare name."""
+    if features and features.get("family") is not None:
+        return f"{model} (family {features['family']} model {features.get('model')})"
+    return model
 
 
 def _started(name: str, path: Path, r: dict[str, Any]) -> str:
@@ -349,10 +359,10 @@ def result_path(name: str, day: str, cpu_model: str, results: Path = RESULTS) ->
 
 def run_benchmark(name: str, skip_peer: bool, day: str, results: Path = RESULTS) -> dict[str, Any]:
     """Run one benchmark script into ``result_path``; its exit code, wall time and output tail."""
-    from harness import cpu_model
+    from harness import cpu_features, cpu_model
 
     script, extra, has_peer = BENCHMARKS[name]
-    out = result_path(name, day, cpu_model(), results)
+    out = result_path(name, day, cpu_label(cpu_model(), cpu_features()), results)
     cmd = [sys.executable, str(HERE / script), *extra, "--out", str(out)]
     if skip_peer and has_peer:
         cmd.append("--skip-peer")

@@ -71,6 +71,7 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
     def result(day: str, cpu: str, fp32_ratio: float, time: str = "12:00:00") -> dict:
         r = json.loads(json.dumps(committed))
         r["started"], r["cpu_model"] = f"{day}T{time}", cpu
+        r.pop("cpu_features", None)  # as results recorded before cpu_features
         r["setting"]["rounds"] = 1  # one round: the ratio is ours over the peer's (several: the script's own)
         r["ours"]["fp32"]["samples_per_s"] = 10.0 * fp32_ratio
         r["peer_lerobot"]["fp32"]["samples_per_s"] = 10.0
@@ -100,6 +101,23 @@ def test_each_cpu_keeps_its_newest_result(tmp_path: Path) -> None:
     table = run_all.markdown(run_all.summarize(results))
     assert "AMD EPYC, 2030-01-02 |" in table and "Intel(R) Xeon(R) Processor, 2030-01-02 |" in table
     assert "Intel(R) Xeon(R) Processor, 2030-01-01" not in table
+    # a newer "AMD EPYC" of another family (recorded cpu_features) does not hide the one above
+    zen1 = {**result("2030-01-04", "AMD EPYC", 0.9), "cpu_features": {"family": "23", "model": "1"}}
+    (results / "train_2030-01-04.json").write_text(json.dumps(zen1))
+    train = run_all.summarize(results)["benchmarks"]["train"]
+    assert (train["file"], train["cpu_model"]) == ("train_2030-01-04.json", "AMD EPYC (family 23 model 1)")
+    assert [o["file"] for o in train["other_cpus"]] == [
+        "train_2030-01-02_amd-epyc.json",
+        "train_2030-01-02.json",
+    ]
+    label = run_all.cpu_label("AMD EPYC", {"family": "23", "model": "1"})
+    assert (
+        run_all.result_path("train", "2030-01-04", label, results).name == "train_2030-01-04.json"
+    )  # its own
+    assert (
+        run_all.result_path("train", "2030-01-04", "AMD EPYC", results).name
+        == "train_2030-01-04_amd-epyc.json"
+    )
 
     assert run_all.cpu_slug("Intel(R) Xeon(R) Processor") == "intel-r-xeon-r-processor"
     xeon, epyc = "Intel(R) Xeon(R) Processor", "AMD EPYC"
