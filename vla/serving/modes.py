@@ -66,23 +66,15 @@ def candidates(
     from vla.runtime import BF16_EMULATED_SLOWDOWN, cpu_bf16_slowdown
 
     dtypes = [dtype] if dtype else ["float32", "bfloat16"]
-    if dtype is None and device.split(":")[0] == "cpu":
+    if dtype != "float32" and device.split(":")[0] == "cpu":
         slowdown = cpu_bf16_slowdown() if bf16_slowdown is None else bf16_slowdown
         if slowdown > BF16_EMULATED_SLOWDOWN:
-            log.info(
-                "serving modes: bf16 left out (a bf16 matmul takes %.0fx the time of fp32 on this CPU: no bf16 "
-                "units); trying float32 only",
-                slowdown,
-            )
-            dtypes = ["float32"]
-    elif dtype == "bfloat16" and device.split(":")[0] == "cpu":
-        slowdown = cpu_bf16_slowdown() if bf16_slowdown is None else bf16_slowdown
-        if slowdown > BF16_EMULATED_SLOWDOWN:
-            log.warning(
-                "--dtype bfloat16 on a CPU without bf16 units (a bf16 matmul takes %.0fx the time of fp32 here): "
-                "every chunk will be about that much slower than with --dtype float32",
-                slowdown,
-            )
+            why = f"a bf16 matmul takes {slowdown:.0f}x the time of fp32 on this CPU: no bf16 units"
+            if dtype is None:
+                log.info("serving modes: bf16 left out (%s); trying float32 only", why)
+                dtypes = ["float32"]
+            else:
+                log.warning("--dtype bfloat16 kept although %s (--dtype float32 would be faster)", why)
     compiles = [compile] if compile is not None else [False, True]
     return [Mode(d, c) for d in dtypes for c in compiles]
 
