@@ -14,10 +14,11 @@ of returning it between steps, in forked loader workers too.
 ``VLA_MALLOC_TUNING=0`` leaves the allocator as it is. Elsewhere than on glibc this does nothing.
 
 ``cpu_bf16_slowdown``: how much slower a bf16 matmul runs than an fp32 one on this CPU. CPUs with bf16 units (AMX,
-AVX-512 BF16) run it 2-10x *faster*; CPUs without them (AVX2 only, e.g. the AMD EPYC 7001 "Zen 1" VMs this project
-also runs on) emulate it, measured 30-80x *slower* there (256x256 and 1024x1024 matmuls), so bf16 weights or bf16 autocast would make every model
-slower by about that much. ``vla serve`` leaves bf16 out of its mode trials there (a single trial of it took
-minutes), and ``vla train`` warns when asked for bf16 there.
+AVX-512 BF16) run it 2-6x *faster* (measured on this project's machines); CPUs without them (AVX2 only, e.g. the
+AMD EPYC 7001 "Zen 1" VMs this project also runs on) emulate it, measured 30-80x *slower* there (256x256 and
+1024x1024 matmuls), so bf16 weights or bf16 autocast make every model slower by about that much. ``vla serve``
+leaves bf16 out of its mode trials there (a single trial of it took minutes), and ``vla train`` warns when asked
+for bf16 there.
 """
 
 from __future__ import annotations

@@ -115,8 +115,6 @@ class Trainer:
         self.loader.embodiment_ids.clear()
         self.loader.embodiment_ids.update(self.model.embodiment_ids)
         no_decay = self._prepare_finetune()
-        # bf16 autocast rounds frozen weights at every call: round them once (the same numbers; FSDP2 shards need
-        # one dtype per layer and keeps its own mixed-precision policy)
         if cfg.train.precision == "bf16" and self.rt.device.type == "cpu" and self.rt.is_main:
             from vla.runtime import cpu_bf16_slowdown, cpu_emulates_bf16
 
@@ -126,6 +124,8 @@ class Trainer:
                     "here, so every step will be far slower than with --set train.precision=fp32",
                     cpu_bf16_slowdown(),
                 )
+        # bf16 autocast rounds frozen weights at every call: round them once (the same numbers; FSDP2 shards need
+        # one dtype per layer and keeps its own mixed-precision policy)
         hold = cfg.train.precision == "bf16" and cfg.train.frozen_bf16 and self.rt.strategy != "fsdp2"
         self.held_bf16 = hold_frozen_in_bf16(self.model) if hold else []
         self.wrapped = self.rt.wrap(self.model, cfg.train.precision)
