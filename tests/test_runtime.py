@@ -77,7 +77,7 @@ def _cpu_flags() -> set[str]:
 )
 def test_bf16_probe_tells_emulating_cpus_from_native_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe agrees with the CPU's flags where they decide it: bf16 units (AMX, AVX-512 BF16) run a bf16 matmul
-    faster than fp32; AVX2-only CPUs emulate it (the 2-core AMD EPYC 7001 VM: 80x slower)."""
+    faster than fp32; AVX2-only CPUs emulate it (the 2-core AMD EPYC 7001 VM: 30-80x slower)."""
     import torch
 
     flags = _cpu_flags()

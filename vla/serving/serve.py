@@ -121,9 +121,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         num_steps=args.num_steps,
     )
-    mode, trials = model_thread.call(
-        select_mode, policy, candidates(args.dtype, args.compile, args.device), [1, args.max_batch]
-    )
+    # the bf16 probe inside candidates() is torch work too: on the model thread
+    modes = model_thread.call(candidates, args.dtype, args.compile, args.device)
+    mode, trials = model_thread.call(select_mode, policy, modes, [1, args.max_batch])
     log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
     options = ServeOptions(
         host=args.host,
