@@ -382,7 +382,10 @@ def test_compiled_expert_matches_eager(monkeypatch) -> None:
 def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None:
     """prepare_inference(compile=True) freezes weights into the compiled graphs: changed weights must never be
     served from them (train() drops them; a second prepare_inference and any in-place update recompile). Dropping
-    them leaves every other compiled function of the process its graphs (e.g. a compiled training step)."""
+    them leaves every other compiled function of the process its graphs (e.g. a compiled training step). Two
+    language and expert layers (of the tiny model's four): a stack, at two thirds of the compile time (three
+    compiles here, their Inductor lowering the bulk of this test's minutes on a slow CPU)."""
+    layers = {"backbone": {"num_vlm_layers": 2}, "expert": {"num_layers": 2}}
     graphs = []
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
@@ -395,7 +398,7 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
 
     unrelated(torch.ones(3))
     assert len(graphs) == 1
-    m = tiny_model("smolvlm", seed=0)
+    m = tiny_model("smolvlm", seed=0, **layers)
     batch = synthetic_batch(m)
     original = {k: v.clone() for k, v in m.state_dict().items()}
 
@@ -403,7 +406,7 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
         return model.sample_actions(batch, generator=torch.Generator().manual_seed(1))
 
     def eager(state: dict) -> torch.Tensor:
-        fresh = tiny_model("smolvlm", seed=0)
+        fresh = tiny_model("smolvlm", seed=0, **layers)
         fresh.load_state_dict(state)
         return sample(fresh)
 
