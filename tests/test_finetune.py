@@ -41,6 +41,26 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return run, ur5e
 
 
+@pytest.fixture(scope="module")
+def lora_run(base: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``vla finetune`` with LoRA (4 steps, checkpoints at 2 and 4) of the base on the UR5e data: one run that the
+    tests below only read (each of them ran this same command itself before)."""
+    base_run, ur5e = base
+    run = tmp_path_factory.mktemp("lora") / "ft"
+    r = _finetune(base_run, ur5e, run)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def merged(lora_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``vla export --merge`` of ``lora_run``: a plain checkpoint with the adapters folded in."""
+    out = tmp_path_factory.mktemp("export") / "merged"
+    r = run_cli(["export", str(lora_run), "--merge", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
 def _hold_out_last_episode(ds: Path) -> Path:
     """Episodes 0-2 train, episode 3 is the ``val`` split (LeRobot v3 ``splits``)."""
     info = ds / "meta" / "info.json"
@@ -56,12 +76,10 @@ def _finetune(base_run: Path, data: Path, run: Path, *extra: str, preset: str = 
 
 
 def test_lora_finetune_changes_only_adapters_and_the_new_slot(
-    base: tuple[Path, Path], tmp_path: Path
+    base: tuple[Path, Path], lora_run: Path
 ) -> None:
-    base_run, ur5e = base
-    r = _finetune(base_run, ur5e, tmp_path / "ft")
-    assert r.returncode == 0, r.stderr[-3000:]
-    step = latest_complete(tmp_path / "ft")
+    base_run, _ = base
+    step = latest_complete(lora_run)
     meta = json.loads((step / "config.json").read_text())
     ref = meta["vla_adapter"]
     assert ref["base"] == str(latest_complete(base_run).resolve()) and len(ref["base_sha256"]) == 64
@@ -72,7 +90,7 @@ def test_lora_finetune_changes_only_adapters_and_the_new_slot(
     stored = load_file(str(step / "adapter.safetensors"))
     assert any("lora_A" in k for k in stored) and "heads.action_out.weight" in stored
 
-    tuned = from_pretrained(tmp_path / "ft")  # run folder -> newest step; base + new slot + LoRA + tensors
+    tuned = from_pretrained(lora_run)  # run folder -> newest step; base + new slot + LoRA + tensors
     plain = from_pretrained(latest_complete(base_run))
     assert list(tuned.embodiment_ids) == ["widowx_bridge", "sim_ur5e"]
     tuned_params = dict(tuned.named_parameters())
@@ -88,17 +106,13 @@ def test_lora_finetune_changes_only_adapters_and_the_new_slot(
     assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in stored.items() if "lora_B" in k)
 
 
-def test_export_merge_gives_the_adapter_models_actions(base: tuple[Path, Path], tmp_path: Path) -> None:
-    base_run, ur5e = base
-    assert _finetune(base_run, ur5e, tmp_path / "ft").returncode == 0
-    r = run_cli(["export", str(tmp_path / "ft"), "--out", str(tmp_path / "plain")])
-    assert r.returncode == 2 and "pass --merge" in r.stderr
-    r = run_cli(["export", str(tmp_path / "ft"), "--merge", "--out", str(tmp_path / "merged")])
-    assert r.returncode == 0, r.stderr[-3000:]
-    merged = from_pretrained(tmp_path / "merged").eval()
-    tuned = from_pretrained(tmp_path / "ft").eval()
-    assert (tmp_path / "merged" / "model.safetensors").is_file()
-    assert "vla_adapter" not in json.loads((tmp_path / "merged" / "config.json").read_text())
+def test_export_merge_gives_the_adapter_models_actions(lora_run: Path, merged: Path, tmp_path: Path) -> None:
+    r = run_cli(["export", str(lora_run), "--out", str(tmp_path / "plain")])
+    assert r.returncode == 2 and "pass --merge" in r.stderr and not (tmp_path / "plain").exists()
+    assert (merged / "model.safetensors").is_file()
+    assert "vla_adapter" not in json.loads((merged / "config.json").read_text())
+    tuned = from_pretrained(lora_run).eval()
+    merged = from_pretrained(merged).eval()
     batch = synthetic_batch(
         merged, batch_size=2, image_hw=(48, 64), embodiments=["sim_ur5e", "widowx_bridge"]
     )
@@ -108,9 +122,8 @@ def test_export_merge_gives_the_adapter_models_actions(base: tuple[Path, Path], 
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_finetune_resume_after_kill_is_exact(base: tuple[Path, Path], tmp_path: Path) -> None:
+def test_finetune_resume_after_kill_is_exact(base: tuple[Path, Path], lora_run: Path, tmp_path: Path) -> None:
     base_run, ur5e = base
-    assert _finetune(base_run, ur5e, tmp_path / "straight").returncode == 0
     killed = tmp_path / "killed"
     args = ["finetune", str(base_run), "--embodiment", "sim_ur5e", "--run-dir", str(killed)]
     kill_inside_checkpoint(
@@ -118,7 +131,7 @@ def test_finetune_resume_after_kill_is_exact(base: tuple[Path, Path], tmp_path: 
     )
     assert latest_complete(killed).name == "step-0000002"
     assert _finetune(base_run, ur5e, killed).returncode == 0
-    a = load_file(str(latest_complete(tmp_path / "straight") / "adapter.safetensors"))
+    a = load_file(str(latest_complete(lora_run) / "adapter.safetensors"))  # the same command, uninterrupted
     b = load_file(str(latest_complete(killed) / "adapter.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -201,15 +214,9 @@ def test_lora_adapter_checkpoint_is_small_at_the_bench_config() -> None:
 
 
 @pytest.mark.slow  # compiling the serving graphs takes ~1-2 minutes on 2 CPU cores; the eager path runs above
-def test_compiled_serving_uses_the_adapters(base: tuple[Path, Path], tmp_path: Path) -> None:
-    base_run, ur5e = base
-    assert _finetune(base_run, ur5e, tmp_path / "ft").returncode == 0
-    assert (
-        run_cli(["export", str(tmp_path / "ft"), "--merge", "--out", str(tmp_path / "merged")]).returncode
-        == 0
-    )
-    merged = from_pretrained(tmp_path / "merged").eval()
-    tuned = from_pretrained(tmp_path / "ft").prepare_inference(compile=True)
+def test_compiled_serving_uses_the_adapters(lora_run: Path, merged: Path) -> None:
+    tuned = from_pretrained(lora_run).prepare_inference(compile=True)
+    merged = from_pretrained(merged).eval()
     batch = synthetic_batch(
         merged, batch_size=2, image_hw=(48, 64), embodiments=["sim_ur5e", "widowx_bridge"]
     )
@@ -319,15 +326,9 @@ def test_rehearsal_replays_the_base_data_with_its_stats(base: tuple[Path, Path],
     assert keys["wx"]["action"] == "widowx_bridge" and keys["ur5e_demos"]["action"] == "sim_ur5e"
 
 
-def test_finetune_without_rehearsal_keeps_the_base_stats(base: tuple[Path, Path], tmp_path: Path) -> None:
+def test_finetune_without_rehearsal_keeps_the_base_stats(merged: Path) -> None:
     """The base robot stays servable from a fine-tuned checkpoint: its stats and stats keys travel along."""
     from vla.policy import Policy
 
-    base_run, ur5e = base
-    assert _finetune(base_run, ur5e, tmp_path / "ft").returncode == 0
-    assert (
-        run_cli(["export", str(tmp_path / "ft"), "--merge", "--out", str(tmp_path / "merged")]).returncode
-        == 0
-    )
-    policy = Policy.from_checkpoint(tmp_path / "merged")
+    policy = Policy.from_checkpoint(merged)
     assert sorted(policy.embodiments) == ["sim_ur5e", "widowx_bridge"]
