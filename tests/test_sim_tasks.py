@@ -172,7 +172,7 @@ def test_instructions_name_the_target_and_vary(task: str) -> None:
 
 
 # Panda on every task; every robot on reach and pick_place; WidowX and Kinova on reach_slots; the weakest arm (WidowX, 10.8…54.8 mm jaw, kp 50
-# servos) and the two-armed ALOHA on stack and drawer as well. Seeds are fixed, not picked: the slow sweep below
+# servos) and the two-armed ALOHA on stack and drawer as well. Seeds are fixed, not picked: the sweep below
 # measures every robot x task over seeds 0-9.
 EXPERT_CASES = [("panda", t) for t in TASK_NAMES] + [
     (r, t) for r in ROBOT_NAMES if r != "panda" for t in ("reach", "pick_place")] + [
