@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -179,6 +180,31 @@ def test_x264_without_mbtree_keeps_the_codec_headers(tmp_path: Path, monkeypatch
     starts = video.concat_videos([tmp_path / "old.mp4", tmp_path / "new.mp4"], tmp_path / "both.mp4")
     out = video.decode_frames(tmp_path / "both.mp4", [starts[1] + i / 10 for i in range(6)], 0.05)
     assert [decode_frame_code(im)[:2] for im in out] == [(0, i) for i in range(6)]
+
+
+def test_svt_av1_on_one_logical_processor_writes_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SVT-AV1 runs with ``lp=1`` (its default thread pool deadlocked now and then on a loaded 2-core CPU): the
+    same frames give the same bytes as with its default threading, so datasets written before are unchanged."""
+    from vla.data import video_encode
+
+    if video.available_encoder("av1") != "libsvtav1":
+        pytest.skip(f"this PyAV build encodes AV1 with {video.available_encoder('av1')}, not SVT-AV1")
+    assert "lp=1" in video_encode.encoder_options("libsvtav1")["svtav1-params"].split(":")
+    frames = [frame_code_image(0, i, 0, 48, 64) for i in range(20)]
+    video.encode_video(frames, tmp_path / "lp1.mp4", 10, vcodec="av1")
+    current, used = video_encode.encoder_options, []
+
+    def default_threads(*args: Any, **kwargs: Any) -> dict[str, str]:
+        opts = current(*args, **kwargs)
+        used.append([p for p in opts["svtav1-params"].split(":") if p != "lp=1"])
+        return {**opts, "svtav1-params": ":".join(used[-1])}
+
+    monkeypatch.setattr(video_encode, "encoder_options", default_threads)
+    video.encode_video(frames, tmp_path / "default.mp4", 10, vcodec="av1")
+    assert used == [["fast-decode=0"]]  # the second clip was encoded without lp=1
+    assert (tmp_path / "lp1.mp4").read_bytes() == (tmp_path / "default.mp4").read_bytes()
 
 
 @pytest.mark.parametrize(("vcodec", "gop"), [("av1", 2), ("h264", 2), ("h264", 30)])

@@ -49,16 +49,20 @@ def encoder_options(
 ) -> dict[str, str]:
     """Codec options mirroring LeRobot's ``VideoEncoderConfig.get_codec_options`` for the same settings.
 
-    One addition: libx264's macroblock-tree rate control is off (``mbtree=0``). With it, x264 reads uninitialized
+    Two additions. libx264's macroblock-tree rate control is off (``mbtree=0``). With it, x264 reads uninitialized
     memory on some frame sizes (seen at 32, 48, 80 and 96 px), so the same frames encode to different bytes from
     run to run, and a resumed ``vla sim generate`` or conversion would not reproduce the uninterrupted output. The
     codec headers stay the same (``stream_signature``), so datasets encoded before still take appended episodes.
+    SVT-AV1 (v4.1 in PyAV 18's wheels) runs on one logical processor (``lp=1``): with its default thread pool it
+    deadlocked now and then (all its threads waiting, ``avcodec_send_frame`` never returning) on a loaded 2-core
+    CPU, twice in ~2,400 encodes of a 90-frame 64x96 clip, against none in 3,000 with ``lp=1``; the bytes are the
+    same either way (tested), the encode ~1.5x slower at that size.
     """
     opts = {"g": str(gop), "crf": str(crf)}
     if encoder == "libx264":
         opts["mbtree"] = "0"
     if encoder == "libsvtav1":
-        opts |= {"preset": str(12 if preset is None else preset), "svtav1-params": "fast-decode=0"}
+        opts |= {"preset": str(12 if preset is None else preset), "svtav1-params": "fast-decode=0:lp=1"}
     elif encoder == "libaom-av1":
         opts |= {"cpu-used": str(8 if preset is None else preset), "row-mt": "1"}
     elif preset is not None:
