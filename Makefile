@@ -12,10 +12,14 @@ MARKERS := $(if $(SLOW),not gpu,not slow and not gpu)
 # `make test` runs the suite in TEST_WORKERS pytest-xdist processes (whole test files per process, so module
 # fixtures are built once), each at TEST_THREADS torch/OpenMP threads: on the 2-core CI machines two single-threaded
 # workers beat one two-threaded process (much of the suite is Python, MuJoCo and subprocess start-up; an AVX2-only
-# AMD EPYC measured 24 min 45 s against 34 min 45 s). `make test TEST_WORKERS=0` runs it in one process.
+# AMD EPYC measured 24 min 45 s against 34 min 45 s). Files are handed out in collection order, which
+# tests/conftest.py starts with the longest files (LONGEST_FIRST). A worker that dies (pytest-timeout ends a hung
+# test's process, see pyproject.toml) fails the run instead of being replaced: xdist's replacement after a crash was
+# seen idling forever with whole-file scheduling. `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
 TEST_THREADS ?= $(if $(filter 0,$(TEST_WORKERS)),,1)
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	--max-worker-restart=0)
 
 .PHONY: install demo test test-gpu lint format bench clean chromium
 
