@@ -27,9 +27,10 @@ BRIDGE_FIXTURE = SHARED / "fixtures" / "oxe_bridge_dataset_octo_debug" / "1.0.0"
 
 
 # The files holding the longest tests, longest first, as measured with `make test`'s two workers on the slowest CI CPU
-# seen (a 2-core AVX2-only AMD EPYC): 100-300 s each, against seconds for most files. `make test` hands whole files
+# seen (a 2-core AVX2-only AMD EPYC): 30-300 s each, against seconds for most files. `make test` hands whole files
 # to its workers in collection order (xdist's `--dist loadfile --no-loadscope-reorder`); starting with these keeps a
-# long file from being the last one taken while the other worker sits idle. A stale list costs balance, nothing else.
+# long file from being the last one taken while the other worker sits idle. A stale order costs balance only; a
+# name that no longer exists is an error (below), so a renamed file is not silently dropped from the front.
 LONGEST_FIRST = (
     "test_train.py",
     "test_finetune.py",

@@ -24,7 +24,13 @@ from train_helpers import (
 )
 
 from vla.config import ConfigError
-from vla.models.run_dir import complete_steps, latest_complete, resolve_checkpoint
+from vla.models.run_dir import (
+    CHECKPOINTS,
+    complete_steps,
+    latest_complete,
+    resolve_checkpoint,
+    step_dir_name,
+)
 from vla.paths import config_dir
 from vla.train.config import OptimConfig, diff_configs, load_train_config
 from vla.train.optim import lr_multiplier, param_groups
@@ -575,9 +581,8 @@ def test_compiled_frozen_backbone_matches_eager_and_resumes_bitwise(
     assert not never["compiled"] and never["reason"] == "train.compile=never"
     # the straight run as if stopped after its step-2 checkpoint: that checkpoint and the log up to it
     stopped = tmp_path / "resumed"
-    shutil.copytree(
-        straight.last_checkpoint.parent / "step-0000002", stopped / "checkpoints" / "step-0000002"
-    )
+    step2 = step_dir_name(2)
+    shutil.copytree(straight.last_checkpoint.parent / step2, stopped / CHECKPOINTS / step2)
     shutil.copy(tmp_path / "straight" / "config.yaml", stopped / "config.yaml")
     log = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines(keepends=True)
     (stopped / "metrics.jsonl").write_text("".join(x for x in log if json.loads(x)["step"] <= 2))

@@ -57,7 +57,7 @@ def orientation_error(rot: np.ndarray, rot_des: np.ndarray, approach_only: bool)
     cols, des = rot.T.tolist(), rot_des.T.tolist()
     if approach_only:
         return np.array(_cross(cols[2], des[2]))
-    total = [0.0, 0.0, 0.0]
+    total = [0.0, 0.0, 0.0]  # added one by one as numpy did: sum() of floats is compensated from Python 3.12
     for c, d in zip(cols, des, strict=True):
         total = [t + x for t, x in zip(total, _cross(c, d), strict=True)]
     return 0.5 * np.array(total)
