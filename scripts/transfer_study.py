@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         help="first training seed: seeds K..K+seeds-1 (a replication on training seeds no earlier run used)",
     )
     ap.add_argument("--task", default=d.task, choices=TARGET_TASKS,
-                    help="the sim task (reach_slots: the objects on fixed slots)")  # fmt: skip
+                    help="the sim task (reach_slots: the objects on three slots; reach_fixed_slots: each colour always on "
+                         "the same slot)")  # fmt: skip
     ap.add_argument("--episodes-per-robot", type=int, default=d.episodes_per_robot)
     ap.add_argument("--new-robot-episodes", type=int, default=d.new_robot_episodes)
     ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps)

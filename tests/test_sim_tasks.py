@@ -38,8 +38,16 @@ def _run_expert(env: VLASimEnv, seed: int) -> bool:
     return False
 
 
-def test_registry_has_the_six_tasks() -> None:
-    assert set(TASK_NAMES) == {"reach", "reach_slots", "pick_place", "push", "stack", "drawer"}
+def test_registry_has_the_seven_tasks() -> None:
+    assert set(TASK_NAMES) == {
+        "reach",
+        "reach_slots",
+        "reach_fixed_slots",
+        "pick_place",
+        "push",
+        "stack",
+        "drawer",
+    }
 
 
 def test_nearest_object_tells_the_named_object_from_a_distractor() -> None:
@@ -105,6 +113,39 @@ def test_reach_slots_puts_the_objects_on_three_fixed_slots(robot: str) -> None:
         assert len({n.split("_")[0] for n in xy}) == 3  # distinct colours: the instruction decides
     if robot != "aloha":
         assert target_slots == {0, 1, 2}
+
+
+@pytest.mark.parametrize("robot", ["panda", "kinova_gen3", "aloha"])
+def test_reach_fixed_slots_keeps_each_colour_on_its_slot(robot: str) -> None:
+    """reach_fixed_slots: always red, green and blue, red towards -y, green at the centre, blue towards +y (within
+    the jitter), whatever the seed; the target colour and the kinds vary, so the instruction says where to go."""
+    from vla.sim.tasks import ReachFixedSlots
+
+    jitter = ReachFixedSlots.SLOT_JITTER + 1e-9
+    targets, kinds = set(), set()
+    for seed in range(12):
+        _, setup, _ = _episode(robot, "reach_fixed_slots", seed)
+        pos = {o["name"].split("_")[0]: np.asarray(o["pos"][:2]) for o in setup.objects}
+        assert set(pos) == {"red", "green", "blue"}
+        assert pos["red"][1] < pos["green"][1] - 0.05 < pos["blue"][1] - 0.1, pos
+        centre = (pos["red"] + pos["blue"]) / 2
+        assert np.all(np.abs(pos["green"] - centre) <= 2 * jitter), (
+            pos
+        )  # slots symmetric about the centre one
+        targets.add(setup.goal["target"].split("_")[0])
+        kinds |= {o["kind"] for o in setup.objects}
+    assert targets == {"red", "green", "blue"} and kinds == {"cube", "cylinder"}
+
+
+PINNED_REACH_SLOTS_SEED5 = (["blue_cylinder", "red_cylinder", "orange_cylinder"], "blue_cylinder")
+
+
+def test_reach_slots_draws_are_unchanged_by_the_fixed_slot_variant() -> None:
+    """reach_slots' episodes are what they were before reach_fixed_slots shared its setup: the same random draws
+    in the same order (pinned: seed 5 on Panda, names in slot order and the target)."""
+    _, setup, _ = _episode("panda", "reach_slots", 5)
+    by_y = [o["name"] for o in sorted(setup.objects, key=lambda o: o["pos"][1])]
+    assert (by_y, setup.goal["target"]) == PINNED_REACH_SLOTS_SEED5
 
 
 @pytest.mark.parametrize("robot", ["panda", "kinova_gen3", "widowx"])
@@ -176,7 +217,7 @@ def test_instructions_name_the_target_and_vary(task: str) -> None:
 # measures every robot x task over seeds 0-9.
 EXPERT_CASES = [("panda", t) for t in TASK_NAMES] + [
     (r, t) for r in ROBOT_NAMES if r != "panda" for t in ("reach", "pick_place")] + [
-    (r, "reach_slots") for r in ("widowx", "kinova_gen3")] + [
+    (r, "reach_slots") for r in ("widowx", "kinova_gen3")] + [("kinova_gen3", "reach_fixed_slots")] + [
     (r, t) for r in ("widowx", "aloha") for t in ("stack", "drawer")]  # fmt: skip
 
 

@@ -496,7 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="panda, ur5e, widowx, kinova_gen3, aloha, procedural_<4..7>dof (a new arm per episode; "
         "plain procedural: the DoF of seed 0's arm)",
     )
-    s.add_argument("--task", required=True, help="reach, reach_slots, pick_place, push, stack, drawer")
+    s.add_argument(
+        "--task", required=True, help="reach, reach_slots, reach_fixed_slots, pick_place, push, stack, drawer"
+    )
     s.add_argument("--episodes", type=int, required=True, help="episodes over all shards")
     s.add_argument("--out", required=True, help="dataset folder (re-running with the same settings resumes)")
     s.add_argument("--workers", type=int, default=1, help="processes simulating episodes")

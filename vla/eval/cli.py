@@ -16,7 +16,11 @@ def _sim_args(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--embodiment", required=True, help="sim robot: panda, widowx, ur5e, kinova_gen3, aloha, ..."
     )
-    s.add_argument("--task", required=True, help="reach, reach_slots, pick_place, push, stack or drawer")
+    s.add_argument(
+        "--task",
+        required=True,
+        help="reach, reach_slots, reach_fixed_slots, pick_place, push, stack or drawer",
+    )
     s.add_argument("--episodes", type=int, default=50, help="episodes (per cell for a sweep)")
     s.add_argument("--workers", type=int, default=1, help="spawned worker processes (one env + policy each)")
     s.add_argument(
@@ -259,7 +263,11 @@ def add_eval_parser(sub: Any) -> None:
     )
     s.add_argument("policy", help="checkpoint (step folder, run folder or export)")
     s.add_argument("--embodiment", required=True, help="sim robot: panda, widowx, ur5e, kinova_gen3, ...")
-    s.add_argument("--task", required=True, help="reach, reach_slots, pick_place, push, stack or drawer")
+    s.add_argument(
+        "--task",
+        required=True,
+        help="reach, reach_slots, reach_fixed_slots, pick_place, push, stack or drawer",
+    )
     s.add_argument(
         "--episodes", type=int, default=20, help="episodes whose first observation is probed (>= 2)"
     )

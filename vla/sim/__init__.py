@@ -10,7 +10,7 @@ Modules, one job each:
 - ``objects``    ``add_object``: cubes, cylinders, bowls, a drawer with randomized size/colour/mass
 - ``world``      ``build_world``: table, lights, robot, ``primary`` + wrist cameras, objects → ``World``
 - ``embodiment`` ``EmbodimentSpec`` of each simulated robot (``configs/embodiments/sim_*.yaml``; procedural: ``sim_procedural_<dof>dof``)
-- ``tasks``      ``TASKS``: reach, reach_slots, pick_place, push, stack, drawer — instructions with paraphrases, success detectors
+- ``tasks``      ``TASKS``: reach, reach_slots, reach_fixed_slots, pick_place, push, stack, drawer — instructions with paraphrases, success detectors
 - ``ik`` / ``expert``  damped-least-squares IK on MuJoCo Jacobians; waypoint scripted experts per task
 - ``randomization`` / ``perception``  the four reality-gap sources, levels none..high + held-out reality_proxy
 - ``env``        ``make(embodiment, task, randomization=, seed=)``: the Gymnasium environment

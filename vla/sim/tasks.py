@@ -1,5 +1,5 @@
-"""Tabletop tasks with language instructions: ``TASKS`` registry of ``reach``, ``reach_slots``, ``pick_place``,
-``push``, ``stack``, ``drawer``.
+"""Tabletop tasks with language instructions: ``TASKS`` registry of ``reach``, ``reach_slots``,
+``reach_fixed_slots``, ``pick_place``, ``push``, ``stack``, ``drawer``.
 
 A task is stateless; one episode's draw is a ``TaskSetup``:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import mujoco
 import numpy as np
@@ -324,15 +324,43 @@ class ReachSlots(Reach):
     def setup(self, rng: np.random.Generator, workspace: Workspace) -> TaskSetup:
         # several arms (ALOHA): the row on one arm's half, so which arm reaches is clear from the scene
         workspace = workspace.one_arm(rng)
-        items = _graspables(rng, 3)
+        items = self._items(rng)
         sizes = [_size(kind, rng, workspace) for _, kind in items]
         radii = sorted((r for _, r, _ in sizes), reverse=True)
         gap = max(0.6 * float(workspace.half[1]), radii[0] + radii[1] + CLEARANCE + 2 * self.SLOT_JITTER)
         slots = [workspace.center + np.array([0.0, k * gap]) for k in (-1, 0, 1)]
-        order = rng.permutation(3)
+        order = self._slots(rng, items)
         xys = [slots[int(k)] + rng.uniform(-self.SLOT_JITTER, self.SLOT_JITTER, 2) for k in order]
         objs, desc, heights = _entries_at(items, sizes, xys)
         return TaskSetup(self.name, objs, {"target": objs[0]["name"], "heights": heights}, desc)
+
+    def _items(self, rng: np.random.Generator) -> list[tuple[str, str]]:
+        """The three (colour, kind) pairs, the target first."""
+        return _graspables(rng, 3)
+
+    def _slots(self, rng: np.random.Generator, items: list[tuple[str, str]]) -> list[int]:
+        """Each item's slot index: 0 towards -y, 1 the centre, 2 towards +y (the workspace's frame)."""
+        return [int(k) for k in rng.permutation(3)]
+
+
+class ReachFixedSlots(ReachSlots):
+    """``reach_slots`` with each colour always on the same slot: red towards -y, green at the centre, blue towards
+    +y (kinds still drawn, the target a random one of the three).
+
+    The instruction alone then says where to reach; nothing has to be found in the image. The transfer study uses
+    it to separate language conditioning (a colour word mapped to a place, re-expressed in a new arm's joints) from
+    visual grounding, which the tiny model was not found to learn from scratch on ``reach_slots``.
+    """
+
+    name = "reach_fixed_slots"
+    SLOT_OF: ClassVar[dict[str, int]] = {"red": 0, "green": 1, "blue": 2}
+
+    def _items(self, rng: np.random.Generator) -> list[tuple[str, str]]:
+        colors = rng.permutation(list(self.SLOT_OF))
+        return [(str(c), str(rng.choice(("cube", "cylinder")))) for c in colors]
+
+    def _slots(self, rng: np.random.Generator, items: list[tuple[str, str]]) -> list[int]:
+        return [self.SLOT_OF[color] for color, _ in items]
 
 
 class PickPlace(Task):
@@ -514,7 +542,7 @@ class Drawer(Task):
         mujoco.mj_forward(world.model, world.data)
 
 
-for _task in (Reach(), ReachSlots(), PickPlace(), Push(), Stack(), Drawer()):
+for _task in (Reach(), ReachSlots(), ReachFixedSlots(), PickPlace(), Push(), Stack(), Drawer()):
     TASKS.register(_task.name, _task)
 
 
