@@ -13,6 +13,8 @@ n-th time it reaches ``<point>``; otherwise the call costs one dictionary lookup
     hub.swapped           the new checkpoint folder is in place, the old one not yet deleted
     checkpoint.swapped    a training step folder was replaced by its rewrite, the old one not yet deleted
     checkpoint.aside      (no atomic exchange) a step folder being rewritten is renamed aside, the new one not yet in
+    sim.worker            a `vla sim generate` worker process is about to simulate an episode (vla.workers)
+    eval.worker           a `vla eval sim` worker process is about to run an episode (vla.workers)
 """
 
 from __future__ import annotations

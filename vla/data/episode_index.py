@@ -27,7 +27,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import secrets
 import time
@@ -45,6 +44,7 @@ from vla.data.keymaps.conversions import IDLE_THRESHOLD, MIN_IDLE_RUN, MIN_KEEP_
 from vla.data.readers.base import DatasetFormatError, DatasetReader
 from vla.data.standardize import StandardizeOptions, standardize_episode
 from vla.data.stats import _writable, default_stats_paths
+from vla.workers import ordered_map
 
 log = logging.getLogger(__name__)
 
@@ -377,8 +377,8 @@ def count_kept(
         chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
         _WORKER.update(reader=reader, keymap=keymap, options=options)
         try:
-            with mp.get_context("fork").Pool(min(workers, len(chunks))) as pool:
-                counts = [n for part in pool.imap(_worker_count, chunks) for n in part]
+            parts = ordered_map(_worker_count, chunks, workers=workers, start_method="fork", what="chunk")
+            counts = [n for part in parts for n in part]
         finally:
             _WORKER.clear()
     out, start = {}, 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing as mp
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from tqdm import tqdm
 from vla.data.norm_stats import StatsFile
 from vla.data.readers.base import DatasetReader
 from vla.data.running_stats import DEFAULT_BINS, RunningStats
+from vla.workers import ordered_map
 
 log = logging.getLogger(__name__)
 
@@ -154,15 +154,17 @@ def compute_stats(
         chunks = [tasks[i : i + chunk] for i in range(0, len(tasks), chunk)]
         _WORKER.update(readers=readers, episode_fn=episode_fn, num_bins=num_bins)
         try:
-            with mp.get_context("fork").Pool(workers) as pool:
-                for part, c in pool.imap(_worker_run, chunks):  # ordered: the merge is deterministic
-                    for key, fields in part.items():
-                        mine = accs.setdefault(key, fields)
-                        if mine is not fields:
-                            for f in fields:
-                                mine[f].merge(fields[f])
-                    _add_counts(counts, c)
-                    bar.update(sum(v[0] for v in c.values()))
+            # ordered: the merge is deterministic
+            for part, c in ordered_map(
+                _worker_run, chunks, workers=workers, start_method="fork", what="chunk"
+            ):
+                for key, fields in part.items():
+                    mine = accs.setdefault(key, fields)
+                    if mine is not fields:
+                        for f in fields:
+                            mine[f].merge(fields[f])
+                _add_counts(counts, c)
+                bar.update(sum(v[0] for v in c.values()))
         finally:
             _WORKER.clear()
     else:

@@ -18,11 +18,9 @@ afterwards: episodes are deterministic).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from vla.eval.stats import grouped_summary, success_summary
+from vla.workers import ordered_map
 
 FORMAT_VERSION = 1
 RESULTS_FILE = "results.json"
@@ -275,8 +274,8 @@ def evaluate(cfg: EvalConfig, *, progress_bar: bool = True) -> dict[str, Any]:
     jobs = [(cfg, i, cfg.video_every > 0 and i % cfg.video_every == 0) for i in range(cfg.episodes)]
     workers = min(cfg.workers, cfg.episodes)
     threads = max(1, (os.cpu_count() or 1) // workers)
-    pool = mp.get_context("spawn").Pool(workers, _init_worker, (threads,)) if cfg.workers > 1 else None
-    results: Iterator[dict[str, Any]] = pool.imap(_worker, jobs) if pool is not None else map(_worker, jobs)
+    results = ordered_map(_worker, jobs, workers=cfg.workers, initializer=_init_worker, initargs=(threads,),
+                          describe=lambda job: f"episode {job[1]}", kill_name="eval.worker", what="episode")  # fmt: skip
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=cfg.episodes, desc=f"eval {Path(cfg.policy).name} {cfg.embodiment}/{cfg.task}",
                disable=not progress_bar, unit="ep")  # fmt: skip
@@ -287,8 +286,7 @@ def evaluate(cfg: EvalConfig, *, progress_bar: bool = True) -> dict[str, Any]:
             bar.set_postfix(success=f"{sum(r['success'] for r in rows)}/{len(rows)}")
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()
+        results.close()  # stops the workers (an error or Ctrl-C included)
     if cfg.video_every > 0:
         _add_outcome_videos(cfg, rows)
     results_obj = summarize(asdict(cfg), rows)

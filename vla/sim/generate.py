@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 import os
 import shlex
-import sys
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.writers.progress import WriteProgress, begin, finish, read_progress, save_progress
+from vla.workers import ordered_map
 
 log = logging.getLogger(__name__)
 #: Seconds of control steps recorded after the success detector fires (release and retreat), by default.
@@ -207,17 +205,6 @@ def _worker(args: tuple[GenerateConfig, int]) -> dict[str, Any]:
     return produce_episode(*args)
 
 
-def _die_with_parent() -> None:
-    """Pool initializer: on Linux, the worker is SIGKILLed when the generating process dies (even by SIGKILL), so
-    a killed run leaves no workers simulating episodes nobody will write."""
-    if sys.platform == "linux":
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 # ---- the run ----------------------------------------------------------------------------------------------
 #: the progress file of datasets generated before every writing command shared ``vla.data.writers.progress``
 LEGACY_PROGRESS_FILE = "vla_sim_progress.json"
@@ -297,12 +284,9 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
     if not todo:
         finish(out, progress)
         return counts
-    pool = mp.get_context("spawn").Pool(cfg.workers, _die_with_parent) if cfg.workers > 1 else None
-    results: Iterator[dict[str, Any]] = (
-        pool.imap(_worker, [(cfg, i) for i in todo])
-        if pool is not None
-        else (produce_episode(cfg, i) for i in todo)
-    )
+    # workers > 1: spawned processes (SIGKILLed if this one dies); a dead worker raises WorkerDied naming its episode
+    results = ordered_map(_worker, [(cfg, i) for i in todo], workers=cfg.workers, kill_name="sim.worker",
+                          describe=lambda job: f"episode {job[1]}", what="episode")  # fmt: skip
     writer = None
     # on a terminal only (tqdm checks stderr) unless progress_bar=False
     bar = tqdm(
@@ -341,8 +325,7 @@ def generate(cfg: GenerateConfig, *, progress_bar: bool = True) -> dict[str, Any
         raise
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()
+        results.close()  # stops the workers
         if writer is not None:
             writer.finalize()
     finish(out, progress)
