@@ -55,9 +55,27 @@ chromium:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else echo "chromium missing and not root: the eval report's browser test will skip"; fi; }
 
+# Without a terminal (CI), TEST_DEADLINE (s) bounds the whole pytest run whatever hangs (pytest-timeout ends a hung
+# test and tests/conftest.py kills processes the tests leaked; this is for anything else): `timeout` stops every
+# process of the run, and make prints what each pytest process was running (tests/conftest.py's status files). The
+# suite takes 10-17 min on the 2-core CI machines. At a terminal there is no deadline, so Ctrl-C reaches pytest
+# (`timeout` would move the run out of the terminal's foreground process group).
+TEST_DEADLINE ?= 2400
+TEST_STATUS := .pytest_cache/vla-status
+PYTEST_CMD = $(VENV)/bin/pytest -q -m "$(MARKERS)" $(XDIST) $(PYTEST_ARGS)
+
 test: lint chromium
+	@rm -rf $(TEST_STATUS) && mkdir -p $(TEST_STATUS)
+	@echo '$(PYTEST_CMD)'
+	@guard=""; [ -t 0 ] || guard="timeout --kill-after=30 $(TEST_DEADLINE)"; \
 	$(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS)) HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl \
-		$(VENV)/bin/pytest -q -m "$(MARKERS)" $(XDIST) $(PYTEST_ARGS)
+		VLA_TEST_STATUS=$(CURDIR)/$(TEST_STATUS) $$guard $(PYTEST_CMD); rc=$$?; \
+	if [ $$rc = 124 ] || [ $$rc = 137 ]; then \
+		echo "make test: stopped after TEST_DEADLINE=$(TEST_DEADLINE) s; each pytest process was then at:"; \
+		for f in $(TEST_STATUS)/*.txt; do [ -f "$$f" ] && echo "  $$(basename $$f .txt): $$(cat $$f)"; done; \
+	fi; \
+	for f in $(TEST_STATUS)/*.leaks; do [ -f "$$f" ] && cat "$$f"; done; \
+	exit $$rc
 
 # On a CUDA machine (with a CUDA torch build, e.g. `make TORCH=torch test-gpu`): CPU/GPU agreement, a bf16-autocast
 # training step and compiled serving on CUDA (tests/test_gpu.py); they skip, saying so, without CUDA.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +62,108 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     # stable: tests keep their order within a file
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+# ---- a run that cannot hang after its tests: leaked processes, and what was running at make test's deadline ----
+# pytest-timeout ends a hung *test*; nothing ends a process a test leaked. One that outlives its test keeps a pipe
+# of CI's open (CI waits for its output to end) or is joined forever at interpreter exit (multiprocessing joins
+# non-daemonic children), so the run would hang after its last test. Each pytest process (xdist's workers too) is
+# a Linux child subreaper: a leaked process whose parent ended is re-parented here instead of to init, so at the
+# session's end every process still below this one is a leak. They are reported (command line, on stderr and in
+# the run's status folder) and SIGKILLed. `make test` sets VLA_TEST_STATUS to a folder where each process also
+# records the test it is running, which make prints if its deadline (TEST_DEADLINE) ends the run.
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+LEAK_EXEMPT = ("multiprocessing.resource_tracker",)  # lives until its owner exits, by design
+
+
+_RUNS_TESTS = True  # False in xdist's controller, which only relays its workers' reports
+
+
+def _status_file() -> Path | None:
+    folder = os.environ.get("VLA_TEST_STATUS")
+    if not folder or not _RUNS_TESTS:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return Path(folder) / f"{worker}.txt"
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every live process below ``pid`` (zombies excluded), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            cmd = (
+                Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            )
+        except OSError:
+            continue
+        out.append((p, cmd))
+    return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _RUNS_TESTS
+    _RUNS_TESTS = hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None)
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if (status := _status_file()) is not None:
+        status.parent.mkdir(parents=True, exist_ok=True)
+        status.write_text(f"{time.strftime('%H:%M:%S')} started {nodeid}\n")
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if (status := _status_file()) is not None:
+        status.write_text(f"{time.strftime('%H:%M:%S')} finished {nodeid}, between tests\n")
+
+
+@pytest.hookimpl(trylast=True)  # under xdist's controller: after it has stopped its workers
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Report and SIGKILL the processes the tests leaked (see above), then reap them."""
+    if sys.platform != "linux":
+        return
+    folder = os.environ.get("VLA_TEST_STATUS")
+    if not _RUNS_TESTS and folder:  # the controller's leak report: its own file
+        status: Path | None = Path(folder) / "main.txt"
+    else:
+        status = _status_file()
+    leaked = [(p, cmd) for p, cmd in _descendants(os.getpid()) if not any(e in cmd for e in LEAK_EXEMPT)]
+    if not leaked:
+        return
+    lines = [f"  pid {p}: {cmd[:300]}" for p, cmd in leaked]
+    text = f"tests leaked {len(leaked)} process(es), killed at the session's end:\n" + "\n".join(lines) + "\n"
+    sys.__stderr__.write(text)
+    if status is not None:
+        with status.with_suffix(".leaks").open("a") as f:
+            f.write(text)
+    for p, _ in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    for p, _ in leaked:  # reap the ones that became ours (adopted orphans, our own children)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(p, os.WNOHANG)[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+    with contextlib.suppress(ChildProcessError):  # and orphans adopted during the run that ended since
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
 
 
 @pytest.fixture(autouse=True)
