@@ -59,7 +59,9 @@ chromium:
 # test and tests/conftest.py kills processes the tests leaked; this is for anything else): `timeout` stops every
 # process of the run, and make prints what each pytest process was running (tests/conftest.py's status files). The
 # suite takes 10-17 min on the 2-core CI machines. At a terminal there is no deadline, so Ctrl-C reaches pytest
-# (`timeout` would move the run out of the terminal's foreground process group).
+# (`timeout` would move the run out of the terminal's foreground process group). Whatever still carries the run's
+# VLA_TEST_STATUS in its environment when pytest has ended (a process in a session of its own, which neither
+# `timeout` nor a subreaper reaches) is killed and named, so nothing holds CI's output open.
 TEST_DEADLINE ?= 2400
 TEST_STATUS := .pytest_cache/vla-status
 PYTEST_CMD = $(VENV)/bin/pytest -q -m "$(MARKERS)" $(XDIST) $(PYTEST_ARGS)
@@ -67,14 +69,21 @@ PYTEST_CMD = $(VENV)/bin/pytest -q -m "$(MARKERS)" $(XDIST) $(PYTEST_ARGS)
 test: lint chromium
 	@rm -rf $(TEST_STATUS) && mkdir -p $(TEST_STATUS)
 	@echo '$(PYTEST_CMD)'
-	@guard=""; [ -t 0 ] || guard="timeout --kill-after=30 $(TEST_DEADLINE)"; \
+	@guard=""; { [ -t 0 ] && [ -z "$$CI" ]; } || guard="timeout --kill-after=30 $(TEST_DEADLINE)"; \
 	$(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS)) HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl \
 		VLA_TEST_STATUS=$(CURDIR)/$(TEST_STATUS) $$guard $(PYTEST_CMD); rc=$$?; \
-	if [ $$rc = 124 ] || [ $$rc = 137 ]; then \
-		echo "make test: stopped after TEST_DEADLINE=$(TEST_DEADLINE) s; each pytest process was then at:"; \
+	if [ -n "$$guard" ] && { [ $$rc = 124 ] || [ $$rc = 137 ]; }; then \
+		echo "make test: ended by TEST_DEADLINE=$(TEST_DEADLINE) s (or, for 137 before then, killed: see dmesg);"; \
+		echo "each pytest process was then at:"; \
 		for f in $(TEST_STATUS)/*.txt; do [ -f "$$f" ] && echo "  $$(basename $$f .txt): $$(cat $$f)"; done; \
 	fi; \
 	for f in $(TEST_STATUS)/*.leaks; do [ -f "$$f" ] && cat "$$f"; done; \
+	for e in /proc/[0-9]*/environ; do \
+		grep -qzx "VLA_TEST_STATUS=$(CURDIR)/$(TEST_STATUS)" "$$e" 2>/dev/null || continue; \
+		p=$${e#/proc/}; p=$${p%/environ}; \
+		echo "make test: killing pid $$p, left over from the run: $$(tr '\0' ' ' < /proc/$$p/cmdline | cut -c1-200)"; \
+		kill -9 $$p 2>/dev/null; \
+	done; \
 	exit $$rc
 
 # On a CUDA machine (with a CUDA torch build, e.g. `make TORCH=torch test-gpu`): CPU/GPU agreement, a bf16-autocast

@@ -48,6 +48,31 @@ def _odd_error(x: int) -> int:
     return x
 
 
+def _exits(x: int) -> int:
+    if x == 1:
+        sys.exit(0)
+    return x
+
+
+class _BadOnLoad:
+    """Pickles fine, fails to unpickle (with an OSError, which must not pass for a dead worker)."""
+
+    def __reduce__(self):
+        return (_raise_missing, ())
+
+
+def _raise_missing() -> None:
+    raise FileNotFoundError("no such file: gone.bin")
+
+
+def _awkward_result(x: int) -> object:
+    if x == 1:
+        return lambda: None  # cannot be pickled
+    if x == 2:
+        return _BadOnLoad()
+    return x
+
+
 def _sigkill_on_two(x: int) -> int:
     if x == 2:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -99,6 +124,31 @@ def test_a_workers_exception_is_raised_with_its_traceback(method: str) -> None:
     # an exception that cannot be rebuilt here arrives as its traceback's text
     with pytest.raises(RuntimeError, match=r"(?s)job 1 failed in its worker process.*_OddError: 1/2"):
         list(ordered_map(_odd_error, range(4), workers=2, start_method=method))
+
+
+def test_sys_exit_or_an_unreadable_result_fails_the_job_not_the_caller() -> None:
+    """``sys.exit(0)`` in a job must not end the caller with status 0 and episodes missing; a result that cannot
+    be pickled, or not unpickled, fails its job by name (an OSError while reading it is not a worker death)."""
+    with pytest.raises(RuntimeError, match=r"the job raised SystemExit\(0\) in its worker") as info:
+        list(ordered_map(_exits, range(3), workers=2))
+    assert "job 1 failed in its worker process" in str(info.value.__cause__)
+    with pytest.raises(RuntimeError, match=r"(?s)job 1 failed in its worker process.*could not be sent back"):
+        list(ordered_map(_awkward_result, [0, 1], workers=2))
+    with pytest.raises(RuntimeError, match=r"job 2: its worker's reply could not be read here.*gone.bin"):
+        list(ordered_map(_awkward_result, [0, 2], workers=2, describe="job {}".format))
+
+
+def test_a_pool_started_from_another_thread_outlives_that_thread() -> None:
+    """PR_SET_PDEATHSIG fires when the *thread* that started a worker ends: a generator started in a short-lived
+    thread and consumed in this one must keep its workers."""
+    import threading
+
+    it = ordered_map(_square, range(8), workers=2)
+    first: list[int] = []
+    t = threading.Thread(target=lambda: first.append(next(it)))
+    t.start()
+    t.join()
+    assert first + list(it) == [x * x for x in range(8)]
 
 
 @pytest.mark.parametrize("method", METHODS)

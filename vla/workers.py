@@ -25,6 +25,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -71,15 +72,17 @@ worker_conn: Connection | None = None
 
 
 def _worker_main(conn: Connection, fn: Callable[[Any], Any], initializer: Callable[..., None] | None,
-                 initargs: tuple[Any, ...], kill_name: str | None) -> None:  # fmt: skip
+                 initargs: tuple[Any, ...], kill_name: str | None, parent: int, die_with_parent: bool) -> None:  # fmt: skip
     """A worker's loop: receive ``(index, job)``, send ``(index, ok, result_or_error)``, until ``None`` or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; it stops us
-    if sys.platform == "linux":
+    if sys.platform == "linux" and die_with_parent:
         import ctypes
 
-        pr_set_pdeathsig = 1  # <linux/prctl.h>: this signal when the parent (thread) that started us ends
+        # SIGKILL when the *thread* that started us ends: only set when that was the main thread (it ends with the
+        # process); a pool started from another thread relies on the pipe closing instead
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before prctl took effect
+        if os.getppid() != parent:  # it died before prctl took effect (re-parented to init or a subreaper)
             os._exit(1)
     global worker_conn
     worker_conn = conn
@@ -99,6 +102,8 @@ def _worker_main(conn: Connection, fn: Callable[[Any], Any], initializer: Callab
             reply: tuple[int, bool, Any] = (index, True, fn(job))
         except BaseException as e:  # every failure goes back to the caller
             text = traceback.format_exc()
+            if not isinstance(e, Exception):  # SystemExit, KeyboardInterrupt: must not end the caller quietly
+                e = RuntimeError(f"the job raised {type(e).__name__}({e}) in its worker process")
             try:
                 exc: bytes | None = pickle.dumps(e)
                 pickle.loads(exc)  # an exception class whose __init__ takes other arguments fails only here
@@ -118,9 +123,9 @@ class _Worker:
     def __init__(self, ctx: Any, fn: Callable[[Any], Any], initializer: Callable[..., None] | None,
                  initargs: tuple[Any, ...], kill_name: str | None) -> None:  # fmt: skip
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(
-            target=_worker_main, args=(child, fn, initializer, initargs, kill_name), daemon=True
-        )
+        main = threading.current_thread() is threading.main_thread()
+        args = (child, fn, initializer, initargs, kill_name, os.getpid(), main)
+        self.proc = ctx.Process(target=_worker_main, args=args, daemon=True)
         self.proc.start()
         # Hold no copy of the worker's end: its pipe must close when it dies, mid-message included (a forked sibling
         # started later cannot inherit it either).
@@ -251,24 +256,29 @@ class _Failed:
 
 def _collect(w: _Worker, name: Callable[[int], str]) -> tuple[int, Any]:
     """``(index, outcome)`` of ``w``'s job: its result, or a :class:`_Failed` (its exception, or its death)."""
+    index = w.job
+    assert index is not None
     try:
         # a reply, or the end of the pipe; a reply sent just before the process ended still counts
-        reply = w.conn.recv() if w.conn.poll() else None
+        data = w.conn.recv_bytes() if w.conn.poll() else None
     except (EOFError, OSError):  # cut off: it died while sending, or its pipe closed
-        reply = None
-    if reply is None:
-        index = w.job
-        assert index is not None
+        data = None
+    if data is None:
         return index, _Failed(died=_death(w))
-    index, ok, payload = reply
     w.job = None
-    if ok:
-        return index, payload
-    exc, text = payload
     where = f"{name(index)} failed in its worker process"
-    if exc is None:
-        return index, _Failed(RuntimeError(f"{where}:\n{text}"))
-    error = pickle.loads(exc)
+    try:  # only now: an error unpickling the reply is the job's failure, not a death
+        _, ok, payload = pickle.loads(data)
+        if ok:
+            return index, payload
+        exc, text = payload
+        if exc is None:
+            return index, _Failed(RuntimeError(f"{where}:\n{text}"))
+        error = pickle.loads(exc)
+    except Exception as e:
+        return index, _Failed(
+            RuntimeError(f"{name(index)}: its worker's reply could not be read here: {e!r}")
+        )
     error.__cause__ = RemoteTraceback(f"\n\n{where}:\n{text}")
     return index, _Failed(error)
 
