@@ -73,6 +73,7 @@ class StudySizes(DemoSizes):
     finetune_steps: int = 400
     eval_episodes: int = 50  # per seed, policy and randomization
     seeds: int = 3
+    task: str = "reach"  # the study's first task (its result files keep their names); make demo's is another
 
 
 class SeedRun(Demo):

@@ -26,6 +26,7 @@ SIZES = DemoSizes(
     batch_size=8,
     eval_episodes=1,
     workers=2,
+    task="reach",  # the measurements above (make demo's own task is reach_fixed_slots)
 )
 
 
