@@ -13,7 +13,12 @@ fp32 eager chunk (same weights, same noise). Model FLOPs utilization: the FLOPs 
 (counted with ``torch.utils.flop_counter``) over the time, against the matmul peak of the same dtype measured in the
 same run; the peer's MFU uses our count (same architecture; its state token sits in the prefix).
 
-    .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--skip-peer] [--skip-peer-compiled] [--out FILE.json]
+    .venv/bin/python benchmarks/model.py [--iters 12] [--warmup 3] [--precisions auto|fp32|fp32,bf16] [--skip-peer]
+                                         [--skip-peer-compiled] [--out FILE.json]
+
+``--precisions auto`` (the default) times our bf16 modes only on CPUs with bf16 units (AVX-512 BF16 or AMX): on an
+AVX2-only CPU bf16 is emulated, 30-80x slower than fp32, and the bf16 children alone ran for over 15 minutes there
+while telling nothing a user would run. The peer's own script (``../shared/peer``) still times its bf16 modes.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import cpu_model, emit, peak_rss_mb, run_child, run_in_peer_venv, run_peer, stats3
+from harness import cpu_features, cpu_model, emit, peak_rss_mb, run_child, run_in_peer_venv, run_peer, stats3
 
 TASKS = [
     "pick up the red cube and place it in the bowl",
@@ -121,13 +126,16 @@ def child_train(job: dict) -> dict:
 
 
 def child_peak(job: dict) -> dict:
-    """The machine's matmul peak (TFLOP/s) per dtype: the best of a few square ``n`` (default 2048) matmuls."""
+    """The machine's matmul peak (TFLOP/s) per dtype (``job["dtypes"]``, default both): the best of a few square
+    ``n`` (default 2048) matmuls."""
     import torch
 
     torch.set_num_threads(job["threads"])
     out = {}
     n = job.get("n", 2048)  # smaller on CPUs without native bf16, where a 2048 bf16 matmul takes ~20 s
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for name in job.get("dtypes", list(dtypes)):
+        dtype = dtypes[name]
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         for _ in range(3):
             a @ b
@@ -218,6 +226,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--skip-peer-compiled", action="store_true", help="skip LeRobot with compile_model=True")
+    ap.add_argument("--precisions", default="auto",
+                    help="our precisions: auto (bf16 too only with bf16 units), fp32, or fp32,bf16")  # fmt: skip
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.cmd == "_child":
@@ -229,27 +239,41 @@ def main() -> None:
 
     tiny_backbone_path("smolvlm", "bench")  # build once, outside the timed children
     common = {"threads": args.threads, "iters": args.iters, "warmup": args.warmup}
+    features = cpu_features()
+    if args.precisions == "auto":
+        precisions = ["fp32", "bf16"] if features.get("bf16_units") else ["fp32"]
+    else:
+        precisions = args.precisions.split(",")
+        if not precisions or any(p not in ("fp32", "bf16") for p in precisions):
+            ap.error(f"--precisions: auto or a comma list of fp32, bf16; got {args.precisions!r}")
     res: dict = {
         "benchmark": "model",
         "cpu_model": cpu_model(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "cpu_count": os.cpu_count(),
         "config": "configs/model/bench_smolvla.yaml",
+        "precisions": precisions,
         "ours": {},
     }
-    for amp in ("fp32", "bf16"):
+    if "bf16" not in precisions:
+        res["bf16_skipped"] = (
+            "no bf16 units (AVX-512 BF16 / AMX) on this CPU: bf16 is emulated, 30-80x slower"
+            if args.precisions == "auto"
+            else f"not asked for (--precisions {args.precisions})"
+        )
+    for amp in precisions:
         res["ours"][f"train_b8_{amp}"] = run_child(
             __file__, {"kind": "train", "batch": 8, "amp": amp, **common}
         )
-    for amp in ("fp32", "bf16", *SERVING):
+    for amp in (*precisions, *(m for m in SERVING if "bf16" in precisions or not m.startswith("bf16"))):
         res["ours"][f"infer_b1_{amp}"] = run_child(
             __file__, {"kind": "infer", "amp": amp, **common, "iters": 2 * args.iters}
         )
-    res["matmul_peak"] = run_child(__file__, {"kind": "peak", "threads": args.threads})
+    res["matmul_peak"] = run_child(__file__, {"kind": "peak", "threads": args.threads, "dtypes": precisions})
     if not args.skip_peer:
         peer = run_peer_smolvla(args)
         if not args.skip_peer_compiled:  # LeRobot's own compile_model=True (minutes of max-autotune per mode)
-            for amp in ("fp32", "bf16"):
+            for amp in precisions:
                 job = {"amp": amp, "threads": args.threads, "iters": 2 * args.iters, "warmup": args.warmup}
                 peer[f"smolvla_infer_b1_{amp}_compiled"] = run_in_peer_venv(
                     str(Path(__file__).with_name("peer_smolvla_compiled.py")), job
@@ -257,7 +281,7 @@ def main() -> None:
         res["peer_lerobot"] = peer
         ratios = {}
         for kind, key, name in (("train_b8", "s_per_step", "train"), ("infer_b1", "s_per_chunk", "infer")):
-            for amp in ("fp32", "bf16"):
+            for amp in precisions:
                 theirs, ours = peer.get(f"smolvla_{kind}_{amp}", {}), res["ours"][f"{kind}_{amp}"]
                 p, o = theirs.get(key, {}).get("median"), ours.get(key, {}).get("median")
                 if p and o:
@@ -266,7 +290,7 @@ def main() -> None:
                         ours["peak_rss_mb"] / theirs["peak_rss_mb"]
                     )
         for mode in SERVING:
-            o = res["ours"][f"infer_b1_{mode}"].get("s_per_chunk", {}).get("median")
+            o = res["ours"].get(f"infer_b1_{mode}", {}).get("s_per_chunk", {}).get("median")
             for peer_mode in ("fp32", "bf16", "fp32_compiled", "bf16_compiled"):
                 p = peer.get(f"smolvla_infer_b1_{peer_mode}", {}).get("s_per_chunk", {}).get("median")
                 if p and o:
@@ -292,12 +316,10 @@ def _mfu(res: dict, kind: str, flops_key: str, time_key: str) -> dict:
     for amp in ("fp32", "bf16", "fp32_compiled", "bf16_compiled"):
         timings[f"peer_{amp}"] = res.get("peer_lerobot", {}).get(f"smolvla_{kind}_{amp}", {}).get(time_key, {}).get("median")  # fmt: skip
     for name, sec in timings.items():
-        if sec:
+        against = peak.get("bf16_tflops" if "bf16" in name else "fp32_tflops")
+        if sec and against:  # (no bf16 peak where bf16 was not timed)
             tflops = flops / sec / 1e12
-            out[name] = {
-                "tflops": tflops,
-                "mfu": tflops / peak["bf16_tflops" if "bf16" in name else "fp32_tflops"],
-            }
+            out[name] = {"tflops": tflops, "mfu": tflops / against}
     return out
 
 
