@@ -17,6 +17,10 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   keeps the fastest within the accuracy bound (the micro-batching server measures; the one-at-a-time server then runs
   the same mode, so the speedup compares batching alone); ``serving_mode`` records each server's mode and trials.
 
+* ``batching_bound``: what micro-batching can gain on this CPU at all: the micro-batching server's per-chunk time
+  at batch 1 and at batch 8 (inside the model, from its warm-up trials), and the ceiling a batch running at the
+  matmul peak of that dtype would reach (FLOPs per chunk counted, the peak timed in this run).
+
 * ``peer_lerobot``: LeRobot 0.6.1's own policy server (``lerobot.async_inference.policy_server``, gRPC, pickle on
   the wire) at the peer's SmolVLA config, same cameras and state, timed the same way: one client's per-request
   latency next to the server's compute path timed in process (``benchmarks/peer_lerobot_grpc.py``, in the peer venv
@@ -200,6 +204,57 @@ def throughput(url: str, clients: int, per_client: int) -> dict:
     }
 
 
+def batching_bound(result: dict, threads: int) -> dict:
+    """How much micro-batching can gain on this machine, from the same run: the FLOPs of one chunk (counted by
+    ``benchmarks/model.py``'s infer child, fp32 eager, the same ``bench_smolvla`` model), the matmul peak of the
+    serving mode's dtype (its peak child), and the time of one chunk at batch 1 and per chunk at batch 8 in the
+    micro-batching server's mode (its warm-up trials; with a fixed ``--dtype`` the server runs none, and the
+    in-process p50 and the 8-client throughput stand in).
+
+    ``inside_model_gain_8``: batch-1 time over per-chunk time at batch 8. ``ceiling``: the gain if a batch ran at
+    the matmul peak (peak FLOP/s over batch 1's), an upper bound no batching exceeds on this CPU.
+    """
+    from harness import run_child
+
+    mode = result["serving_mode"]["micro_batched"]["mode"]
+    dtype = "bf16" if mode.startswith("bfloat16") else "fp32"
+    trial = next(
+        (t for t in result["serving_mode"]["micro_batched"].get("trials", []) if t["mode"] == mode), None
+    )
+    if trial is not None:
+        ms1, ms8, source = (
+            trial["ms_per_chunk"]["1"],
+            trial["ms_per_chunk"]["8"],
+            "the server's warm-up trials",
+        )
+    else:
+        eight = {t["clients"]: t["chunks_per_s"] for t in result["throughput"]["micro_batched"]}.get(8)
+        if not eight:
+            return {"skipped": "no warm-up trials and no 8-client throughput to bound"}
+        ms1, ms8 = result["in_process"]["p50_ms"], 1000 / eight
+        source = "in-process p50 (batch 1) and 8-client throughput through the server (batch 8)"
+    model_py = str(Path(__file__).with_name("model.py"))
+    infer = run_child(model_py, {"kind": "infer", "amp": "fp32", "threads": threads, "iters": 1, "warmup": 0})
+    peak = run_child(model_py, {"kind": "peak", "threads": threads, "dtypes": [dtype]})
+    flops, peak_tflops = infer.get("flops_per_chunk"), peak.get(f"{dtype}_tflops")
+    if not flops or not peak_tflops:
+        return {"error": f"no FLOP count or peak: {infer.get('error') or peak.get('error')}"}
+    batch1_tflops = flops / (ms1 / 1000) / 1e12
+    return {
+        "mode": mode,
+        "flops_per_chunk": flops,
+        "peak_tflops": peak_tflops,
+        "ms_per_chunk_batch1": ms1,
+        "ms_per_chunk_batch8": ms8,
+        "source": source,
+        "batch1_tflops": batch1_tflops,
+        "batch1_fraction_of_peak": batch1_tflops / peak_tflops,
+        "batch8_fraction_of_peak": flops / (ms8 / 1000) / 1e12 / peak_tflops,
+        "inside_model_gain_8": ms1 / ms8,
+        "ceiling": peak_tflops / batch1_tflops,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # 60: a p99 of 12 requests is their maximum (one outlier of 6.6 ms on the EPYC did not recur in 60: 2.5 ms)
@@ -280,6 +335,8 @@ def main() -> None:
     by = {n: {t["clients"]: t["chunks_per_s"] for t in ts} for n, ts in result["throughput"].items()}
     if 8 in by["micro_batched"]:
         result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
+    progress("batching bound: FLOPs per chunk and the matmul peak of the serving mode's dtype")
+    result["batching_bound"] = batching_bound(result, int(os.environ.get("OMP_NUM_THREADS", "2")))
     if args.skip_peer:
         result["peer_lerobot"] = {"skipped": "--skip-peer"}
     else:

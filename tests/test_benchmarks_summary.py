@@ -224,3 +224,40 @@ def test_results_that_name_their_cpu_carry_its_features(
     assert json.loads(capsys.readouterr().out)["cpu_features"] == features
     harness.emit({"benchmark": "x"}, str(out))  # a result that names no CPU is left as it is
     assert "cpu_features" not in json.loads(out.read_text())
+
+
+def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/serve.py``'s batching bound from a result's warm-up trials (and, with a fixed ``--dtype``, from
+    the in-process and 8-client numbers), with the FLOP count and peak children stubbed: 30 GFLOP per chunk at a
+    1.0 TFLOP/s peak, 100 ms at batch 1 (0.3 TFLOP/s: 30 % of peak, ceiling 3.33x) and 50 ms per chunk at batch 8
+    (gain 2x); the summary's serving row then names both."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import harness
+    import serve
+
+    jobs = []
+
+    def child(script: str, job: dict, *a, **k) -> dict:
+        jobs.append(job)
+        return {"flops_per_chunk": 30e9} if job["kind"] == "infer" else {"bf16_tflops": 1.0}
+
+    monkeypatch.setattr(harness, "run_child", child)
+    trials = [{"mode": "float32 eager", "ms_per_chunk": {"1": 300.0, "8": 200.0}},
+              {"mode": "bfloat16 compiled", "ms_per_chunk": {"1": 100.0, "8": 50.0}}]  # fmt: skip
+    result = {"serving_mode": {"micro_batched": {"mode": "bfloat16 compiled", "trials": trials}}}
+    bound = serve.batching_bound(result, 2)
+    assert jobs[1] == {"kind": "peak", "threads": 2, "dtypes": ["bf16"]}  # the kept mode's dtype only
+    assert bound["inside_model_gain_8"] == pytest.approx(2.0)
+    assert bound["batch1_fraction_of_peak"] == pytest.approx(0.3)
+    assert bound["ceiling"] == pytest.approx(1 / 0.3)
+    assert bound["source"] == "the server's warm-up trials"
+    # a fixed mode: no trials; batch 1 in process, batch 8 from the 8-client throughput (10 chunks/s: 100 ms)
+    fixed = {"serving_mode": {"micro_batched": {"mode": "float32 eager", "trials": []}},
+             "in_process": {"p50_ms": 150.0},
+             "throughput": {"micro_batched": [{"clients": 1, "chunks_per_s": 6.0}, {"clients": 8, "chunks_per_s": 10.0}]}}  # fmt: skip
+    monkeypatch.setattr(
+        harness, "run_child", lambda s, job, *a, **k: {"flops_per_chunk": 30e9, "fp32_tflops": 0.5}
+    )
+    assert serve.batching_bound(fixed, 2)["inside_model_gain_8"] == pytest.approx(1.5)
+    note = _run_all()._serve({"speedup_8_clients": 1.5, "batching_bound": bound})[1]["note"]
+    assert "inside the model 2x, ceiling at the matmul peak 3.33x" in note, note
