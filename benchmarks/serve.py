@@ -221,12 +221,9 @@ def batching_bound(result: dict, threads: int) -> dict:
     trial = next(
         (t for t in result["serving_mode"]["micro_batched"].get("trials", []) if t["mode"] == mode), None
     )
-    if trial is not None:
-        ms1, ms8, source = (
-            trial["ms_per_chunk"]["1"],
-            trial["ms_per_chunk"]["8"],
-            "the server's warm-up trials",
-        )
+    if trial is not None:  # int keys as the server reports them, str keys once read back from JSON
+        ms = {int(k): v for k, v in trial["ms_per_chunk"].items()}
+        ms1, ms8, source = ms[1], ms[8], "the server's warm-up trials"
     else:
         eight = {t["clients"]: t["chunks_per_s"] for t in result["throughput"]["micro_batched"]}.get(8)
         if not eight:
@@ -336,7 +333,10 @@ def main() -> None:
     if 8 in by["micro_batched"]:
         result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
     progress("batching bound: FLOPs per chunk and the matmul peak of the serving mode's dtype")
-    result["batching_bound"] = batching_bound(result, int(os.environ.get("OMP_NUM_THREADS", "2")))
+    try:  # an add-on: its failure must not lose the measurements above
+        result["batching_bound"] = batching_bound(result, int(os.environ.get("OMP_NUM_THREADS", "2")))
+    except Exception as e:
+        result["batching_bound"] = {"error": repr(e)}
     if args.skip_peer:
         result["peer_lerobot"] = {"skipped": "--skip-peer"}
     else:

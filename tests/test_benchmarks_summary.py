@@ -242,8 +242,10 @@ def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pyt
         return {"flops_per_chunk": 30e9} if job["kind"] == "infer" else {"bf16_tflops": 1.0}
 
     monkeypatch.setattr(harness, "run_child", child)
-    trials = [{"mode": "float32 eager", "ms_per_chunk": {"1": 300.0, "8": 200.0}},
-              {"mode": "bfloat16 compiled", "ms_per_chunk": {"1": 100.0, "8": 50.0}}]  # fmt: skip
+    trials = [
+        {"mode": "float32 eager", "ms_per_chunk": {"1": 300.0, "8": 200.0}},
+        {"mode": "bfloat16 compiled", "ms_per_chunk": {1: 100.0, 8: 50.0}},
+    ]  # fmt: skip (as served: int keys)
     result = {"serving_mode": {"micro_batched": {"mode": "bfloat16 compiled", "trials": trials}}}
     bound = serve.batching_bound(result, 2)
     assert jobs[1] == {"kind": "peak", "threads": 2, "dtypes": ["bf16"]}  # the kept mode's dtype only
@@ -251,6 +253,8 @@ def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pyt
     assert bound["batch1_fraction_of_peak"] == pytest.approx(0.3)
     assert bound["ceiling"] == pytest.approx(1 / 0.3)
     assert bound["source"] == "the server's warm-up trials"
+    trials[1]["ms_per_chunk"] = {"1": 100.0, "8": 50.0}  # read back from a result file: str keys
+    assert serve.batching_bound(result, 2)["inside_model_gain_8"] == pytest.approx(2.0)
     # a fixed mode: no trials; batch 1 in process, batch 8 from the 8-client throughput (10 chunks/s: 100 ms)
     fixed = {"serving_mode": {"micro_batched": {"mode": "float32 eager", "trials": []}},
              "in_process": {"p50_ms": 150.0},
