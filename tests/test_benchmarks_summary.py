@@ -242,10 +242,10 @@ def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pyt
         return {"flops_per_chunk": 30e9} if job["kind"] == "infer" else {"bf16_tflops": 1.0}
 
     monkeypatch.setattr(harness, "run_child", child)
-    trials = [
+    trials = [  # the kept mode's times under int keys, as the server reports them
         {"mode": "float32 eager", "ms_per_chunk": {"1": 300.0, "8": 200.0}},
         {"mode": "bfloat16 compiled", "ms_per_chunk": {1: 100.0, 8: 50.0}},
-    ]  # fmt: skip (as served: int keys)
+    ]
     result = {"serving_mode": {"micro_batched": {"mode": "bfloat16 compiled", "trials": trials}}}
     bound = serve.batching_bound(result, 2)
     assert jobs[1] == {"kind": "peak", "threads": 2, "dtypes": ["bf16"]}  # the kept mode's dtype only
