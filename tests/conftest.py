@@ -88,8 +88,10 @@ def _status_file() -> Path | None:
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
-    """``(pid, command line)`` of every live process below ``pid`` (zombies excluded), from /proc."""
+    """``(pid, command line)`` of every live process below ``pid`` (zombies excluded), from /proc (none without)."""
     children: dict[int, list[int]] = {}
+    if not Path("/proc").is_dir():
+        return []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
