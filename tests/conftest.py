@@ -79,12 +79,15 @@ LEAK_EXEMPT = ("multiprocessing.resource_tracker",)  # lives until its owner exi
 _RUNS_TESTS = True  # False in xdist's controller, which only relays its workers' reports
 
 
-def _status_file() -> Path | None:
+def _status_path() -> Path | None:
+    """This pytest process's status file under ``VLA_TEST_STATUS`` (xdist worker id, else ``main``), or None."""
     folder = os.environ.get("VLA_TEST_STATUS")
-    if not folder or not _RUNS_TESTS:
-        return None
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    return Path(folder) / f"{worker}.txt"
+    return Path(folder) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt" if folder else None
+
+
+def _status_file() -> Path | None:
+    """Where this process records its running test: none in xdist's controller (it only relays reports)."""
+    return _status_path() if _RUNS_TESTS else None
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
@@ -141,11 +144,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Report and SIGKILL the processes the tests leaked (see above), then reap them."""
     if sys.platform != "linux":
         return
-    folder = os.environ.get("VLA_TEST_STATUS")
-    if not _RUNS_TESTS and folder:  # the controller's leak report: its own file
-        status: Path | None = Path(folder) / "main.txt"
-    else:
-        status = _status_file()
+    status = _status_path()  # the controller reports its own leaks too
     leaked = [(p, cmd) for p, cmd in _descendants(os.getpid()) if not any(e in cmd for e in LEAK_EXEMPT)]
     if not leaked:
         return

@@ -127,8 +127,8 @@ def compute_stats(
     """One streaming pass over every episode of every split (or ``splits``) of one or more datasets.
 
     ``max_episodes`` caps the episodes per dataset (evenly spread); ``workers > 1`` forks that many processes and
-    merges their partial stats exactly (0 or 1: in this process). ``episode_fn`` replaces ``standardize_episode`` (tests, custom maps).
-    ``progress``: a progress bar on stderr (``None``: only when stderr is a terminal).
+    merges their partial stats exactly (0 or 1: in this process). ``episode_fn`` replaces ``standardize_episode``
+    (tests, custom maps). ``progress``: a progress bar on stderr (``None``: only when stderr is a terminal).
     """
     from vla.data.readers import open_dataset
 
