@@ -5,10 +5,14 @@ same check (so the check can fail)."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,18 +49,90 @@ def _chromium() -> str:
     return exe
 
 
+# Chromium runs under a small init: a Python process that is a Linux child subreaper (Chromium's orphaned helpers
+# come back to it, not to the pytest worker, which is one too: tests/conftest.py), starts the browser in a process
+# group of its own, reaps every exit at once, and once the browser has exited kills and reaps what is left of its
+# group. A hung Chromium (seen in a workspace run: helpers spinning in the kernel, pytest-timeout not ending it;
+# CI's run of the same commit ended at make's deadline) fails this test after BROWSER_TIMEOUT s instead of hanging
+# the run: the init's whole session is killed and nothing is waited on further.
+BROWSER_INIT = """
+import ctypes, os, signal, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+browser = os.fork()
+if browser == 0:
+    os.setpgid(0, 0)
+    os.execv(sys.argv[1], sys.argv[1:])
+try:
+    os.setpgid(browser, browser)  # also here: no race with the child's own call
+except OSError:
+    pass
+code, deadline = None, None
+while True:
+    try:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == browser:
+        code, deadline = os.waitstatus_to_exitcode(status), time.monotonic() + 5
+    if pid == 0:
+        if deadline is not None and time.monotonic() > deadline:
+            try:
+                os.killpg(browser, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 5
+        time.sleep(0.05)
+sys.exit(code if code is not None and code >= 0 else 1)
+"""
+BROWSER_TIMEOUT = 120
+BROWSER_FLAGS = ("--headless", "--no-sandbox", "--no-zygote", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-crash-reporter", "--disable-breakpad", "--no-first-run")  # fmt: skip
+
+
+def _run_browser(exe: str, args: list[str], tmp: Path) -> str:
+    """Run headless Chromium with ``args`` under ``BROWSER_INIT`` and return its stdout; a non-zero exit or a run
+    over ``BROWSER_TIMEOUT`` s fails the test with the command and the end of Chromium's stderr."""
+    out, err = tmp / "chromium.stdout", tmp / "chromium.stderr"
+    cmd = [exe, *BROWSER_FLAGS, f"--user-data-dir={tmp / 'profile'}", *args]
+    with out.open("wb") as fo, err.open("wb") as fe:
+        init = subprocess.Popen([sys.executable, "-c", BROWSER_INIT, *cmd], stdout=fo, stderr=fe,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        code = init.wait(timeout=BROWSER_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        _kill_session(init)
+    stderr = err.read_text(errors="replace")[-2000:]
+    if code is None:
+        pytest.fail(f"Chromium did not finish in {BROWSER_TIMEOUT} s (killed): {' '.join(cmd)}\n{stderr}")
+    if code != 0:
+        pytest.fail(f"Chromium exited with {code}: {' '.join(cmd)}\n{stderr}")
+    return out.read_text(errors="replace")
+
+
+def _kill_session(init: subprocess.Popen) -> None:
+    """SIGKILL every process of ``init``'s session (after a normal exit: none) and reap ``init``, waiting at most
+    10 s: a process stuck in the kernel is left behind and named rather than hanging the run."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getsid(int(entry.name)) == init.pid:
+                os.kill(int(entry.name), signal.SIGKILL)
+    try:
+        init.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"Chromium's init (pid {init.pid}) did not end 10 s after SIGKILL: stuck in the kernel")
+
+
 def _browser_check(exe: str, page: Path, tmp: Path) -> dict:
     """Load a copy of ``page`` with the checker script in headless Chromium (no network) and return its verdict."""
     probe = tmp / f"{page.stem}_probe.html"
     probe.write_text(page.read_text().replace("</body>", CHECK + "</body>"))
-    out = subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--virtual-time-budget=15000",
-         "--proxy-server=127.0.0.1:9", f"--user-data-dir={tmp / 'profile'}", "--dump-dom", probe.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    start = out.stdout.find('data-check="')
-    assert start >= 0, f"the checker did not run: {out.stderr[-2000:]}"
-    value = out.stdout[start + len('data-check="') :].split('"', 1)[0]
+    stdout = _run_browser(exe, ["--virtual-time-budget=15000", "--proxy-server=127.0.0.1:9", "--dump-dom",
+                                probe.as_uri()], tmp)  # fmt: skip
+    start = stdout.find('data-check="')
+    assert start >= 0, f"the checker did not run: {stdout[-2000:]}"
+    value = stdout[start + len('data-check="') :].split('"', 1)[0]
     return json.loads(html.unescape(value))
 
 
@@ -80,9 +156,8 @@ def test_report_renders_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert check["broken_images"] == 0 and check["broken_videos"] == 0, check
     assert check["external"] == 0 and all(w == 32 for w in check["video_widths"]), check
     shot = tmp_path / "report.png"
-    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1200,1600",
-                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", page.as_uri()],
-                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    _run_browser(exe, ["--hide-scrollbars", "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
+                 tmp_path)  # fmt: skip
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     # the same check on a page with a broken image and a broken video reports them
     broken = tmp_path / "broken.html"
