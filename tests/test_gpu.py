@@ -101,13 +101,15 @@ def test_bf16_autocast_training_step_on_cuda() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compiled_serving_on_cuda_matches_eager(dtype: str) -> None:
     """prepare_inference(compile=True) on CUDA: the compiled flow step, vision tower and language layers give the
-    eager chunks of the same dtype, and the compiled step is what runs."""
+    eager chunks of the same dtype, with either attention kernel, and the compiled step is what runs."""
     eager = tiny_model("smolvlm", seed=0).cuda().prepare_inference(dtype)
     batch = synthetic_batch(eager)
     noise = torch.randn(4, 6, eager.cfg.max_action_dim, generator=torch.Generator().manual_seed(2))
     ref = eager.sample_actions(batch, noise=noise)
-    compiled = tiny_model("smolvlm", seed=0).cuda().prepare_inference(dtype, compile=True)  # same weights
-    assert compiled._serving_step is not None
-    out = compiled.sample_actions(batch, noise=noise)
     tol = 1e-4 if dtype == "float32" else 3e-2
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    for attention in ("sdpa", "explicit"):
+        compiled = tiny_model("smolvlm", seed=0).cuda()  # same weights
+        compiled.prepare_inference(dtype, compile=True, attention=attention)
+        assert compiled._serving_step is not None
+        out = compiled.sample_actions(batch, noise=noise)
+        torch.testing.assert_close(out, ref, atol=tol, rtol=tol)

@@ -422,7 +422,8 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
     new = sample(m)
     assert (new - ref).abs().max() > 0.1
     torch.testing.assert_close(new, eager(m.state_dict()))
-    m.prepare_inference("float32", compile=True)  # compiled again: must not reuse the first graphs
+    # compiled again, with the explicit attention kernel: must not reuse the first graphs
+    m.prepare_inference("float32", compile=True, attention="explicit")
     torch.testing.assert_close(sample(m), new, atol=1e-4, rtol=1e-4)
     m.load_state_dict(original)  # hot reload without train(): recompiled on the next call
     torch.testing.assert_close(sample(m), ref, atol=1e-4, rtol=1e-4)
@@ -430,6 +431,33 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
     assert m._serving_step is None and m.backbone._run_layers == m.backbone.run_layers
     unrelated(torch.ones(3))
     assert len(graphs) == 1  # compiled once, still cached through every serving (re)compile and drop
+
+
+def test_inference_attention_kernel_is_set_by_prepare_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare_inference(attention="explicit") runs every language layer's attention with the explicit three-op
+    form (the same chunk as SDPA within float32 rounding, within bf16's in bf16); train() puts SDPA back; an unknown
+    kernel is refused, naming the allowed ones."""
+    from train_helpers import count_attention_kernels
+
+    calls = count_attention_kernels(monkeypatch)
+    m = tiny_model("smolvlm").eval()
+    batch = synthetic_batch(m)
+    noise = torch.randn(4, 6, m.cfg.max_action_dim, generator=torch.Generator().manual_seed(2))
+
+    def chunk(attention: str, dtype: str = "float32") -> torch.Tensor:
+        calls.update(dict.fromkeys(calls, 0))
+        out = m.prepare_inference(dtype, attention=attention).sample_actions(batch, noise=noise)
+        assert m.inference_attention == attention
+        assert calls[attention] > 0 and sum(calls.values()) == calls[attention], calls
+        return out
+
+    ref = chunk("sdpa")
+    torch.testing.assert_close(chunk("explicit"), ref, atol=1e-5, rtol=1e-5)
+    assert (chunk("explicit", "bfloat16") - chunk("sdpa", "bfloat16")).abs().max() < 0.02 * ref.abs().max()
+    m.train()
+    assert m.inference_attention == "sdpa"
+    with pytest.raises(ValueError, match=r"attention must be one of \('sdpa', 'explicit'\), got 'flash'"):
+        m.prepare_inference("float32", attention="flash")
 
 
 def test_bf16_inference_is_close_to_fp32() -> None:
@@ -660,3 +688,15 @@ def test_grouped_attention_equals_sdpa_values_and_gradients() -> None:
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
     for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # bf16 (inputs, and autocast on float32 inputs): SDPA's values within bf16 rounding, in the compute dtype
+    with torch.no_grad():
+        lo = grouped_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = grouped_attention(q, k, v, mask, 0.3)
+    assert lo.dtype == auto.dtype == torch.bfloat16
+    torch.testing.assert_close(lo.float(), ref.detach(), atol=0.03, rtol=0.03)
+    torch.testing.assert_close(auto.float(), ref.detach(), atol=0.03, rtol=0.03)
+    # a row with no key allowed gets uniform weights (HF's eager attention): the mean of the values
+    mask[0, 0, 2] = False
+    out = grouped_attention(q, k, v, mask, 0.3).detach()
+    torch.testing.assert_close(out[0, :, 2], v[0].detach().mean(1).repeat_interleave(3, 0))

@@ -368,6 +368,9 @@ def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
         used, _, _ = step()  # measures (4 timed calls of each kernel per head layout), then uses the fastest
         choices = attention.cpu_bf16_kernel_choices()
         assert choices and set(choices.values()) <= set(attention.KERNELS)
+        # the expert's one-token state pass is measured apart from its chunk pass of the same heads
+        short = [key for key in choices if key.endswith("-short")]
+        assert short and len(short) < len(choices), choices
         for kernel in attention.KERNELS:  # beyond the measurement, only chosen kernels ran
             assert (used[kernel] > 4 * len(choices)) == (kernel in choices.values()), (used, choices)
         with pytest.raises(ValueError, match="one of"):
@@ -379,3 +382,30 @@ def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
             step()
     finally:
         attention.pin_cpu_bf16_kernel(None)
+
+
+def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short call (at most SHORT_QUERY queries) and a long one of the same heads are separate layouts; a record
+    from before that split ("HxKVxd" alone) covers both on resume, runs no measurement and is recorded as read."""
+    from vla.models import attention
+
+    monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
+    measured: list[int] = []
+    monkeypatch.setattr(attention, "_measure", lambda q, *a: measured.append(q.shape[2]) or "sdpa_fp32")
+    mask = lambda t: torch.ones(1, 1, t, 12, dtype=torch.bool)  # noqa: E731
+    q = lambda t: torch.randn(1, 6, t, 8, dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    kv = torch.randn(1, 2, 12, 8, dtype=torch.bfloat16)
+    for t in (1, attention.SHORT_QUERY, attention.SHORT_QUERY + 1, 50):
+        attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3)
+    assert measured == [1, attention.SHORT_QUERY + 1]
+    assert attention.cpu_bf16_kernel_choices() == {"6x2x8-short": "sdpa_fp32", "6x2x8": "sdpa_fp32"}
+    attention.restore_cpu_bf16_kernels({"6x2x8": "explicit"})  # an older record
+    assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3) for t in (1, 50)] == ["explicit"] * 2
+    assert measured == [1, attention.SHORT_QUERY + 1]
+    assert attention.cpu_bf16_kernel_choices() == {"6x2x8": "explicit"}
+    record = {"6x2x8": "explicit", "6x2x8-short": "sdpa"}  # a newer one: each layout its own kernel
+    attention.restore_cpu_bf16_kernels(record)
+    assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3) for t in (1, 50)] == ["sdpa", "explicit"]
+    assert attention.cpu_bf16_kernel_choices() == record

@@ -107,11 +107,13 @@ class Policy:
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype = "float32",
         compile: bool = False,
+        attention: str = "sdpa",
         num_steps: int | None = None,
         stats_datasets: dict[str, str] | None = None,
     ) -> Policy:
         """Load ``path`` (a checkpoint folder, a ``vla train`` run or step folder, a merged or adapter export) ready
-        for inference in ``dtype`` (compiled graphs with ``compile``). ``embodiments`` defaults to every
+        for inference in ``dtype`` (compiled graphs with ``compile``, attention kernel ``attention``: "sdpa" or
+        "explicit", see ``FlowVLA.prepare_inference``). ``embodiments`` defaults to every
         embodiment of the checkpoint that has stats; one named explicitly without stats is an error here, at load
         time, not at the first request. ``stats_datasets`` picks, per embodiment, the dataset whose own stats to
         use when training normalized several datasets of that embodiment with their own stats."""
@@ -123,7 +125,7 @@ class Policy:
         model = from_pretrained(ckpt, map_location=device)
         if has_lora(model):  # an adapter checkpoint: serve the merged weights (same outputs, plain modules)
             model = merge_lora(model)
-        model.prepare_inference(dtype, compile=compile)
+        model.prepare_inference(dtype, compile=compile, attention=attention)
         return cls(
             model, embodiments=embodiments, stats_datasets=stats_datasets, num_steps=num_steps, name=str(ckpt)
         )

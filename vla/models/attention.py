@@ -34,7 +34,20 @@ log = logging.getLogger(__name__)
 #: whose bf16 SDPA backward is slow, e.g. an AVX-512-BF16 EPYC without AMX, faster).
 KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
 KERNELS = ("sdpa", "explicit", "sdpa_fp32")
-_chosen: dict[tuple[int, int, int], str] = {}  # (query heads, kv heads, head dim) -> kernel, once per process
+#: Kernels of inference (no gradient), set per model by ``prepare_inference(attention=)``: ``sdpa`` (default) or
+#: ``explicit``; in bf16 on an AVX-512-BF16 EPYC the explicit three-op form took 0.4x SDPA's time at the expert's
+#: shapes (``benchmarks/attention.py``), so ``vla serve`` measures both.
+INFERENCE_ATTENTION = ("sdpa", "explicit")
+#: Calls of at most this many queries (the expert's one-token state pass) are a layout of their own: the fastest
+#: kernel there is not the fastest for the 50-token chunk pass of the same heads (measured on an AVX-512-BF16 EPYC:
+#: SDPA on float32 copies 0.33 ms against the explicit form's 0.45 ms for one query, but 5.2 ms against 2.3 ms for
+#: 50 queries), and a layout is measured on its first call, which is the short one.
+SHORT_QUERY = 8
+Layout = tuple[int, int, int, bool]  # (query heads, kv heads, head dim, at most SHORT_QUERY queries)
+_chosen: dict[Layout, str] = {}  # measured, pinned per layout or restored: once per process, recorded
+_implied: dict[
+    Layout, str
+] = {}  # short layouts an older record's "HxKVxd" covers: used, recorded as it was read
 _pinned: str | None = None
 _restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
 _env_used: str | None = None  # the environment variable's kernel, once a bf16 CPU attention has run with it
@@ -96,19 +109,26 @@ def reset_cpu_bf16_kernels() -> None:
     """Forget every kernel measured, pinned or restored in this process: a new training run (several run in one
     process, e.g. the demo's pretraining and fine-tunes) measures afresh and records only the layouts it used."""
     _chosen.clear()
+    _implied.clear()
     pin_cpu_bf16_kernel(None)
 
 
 def cpu_bf16_kernel_choices() -> dict[str, str]:
     """The kernels this process used for bf16 attention on the CPU, for the checkpoint: ``{"pinned": kernel}``
     (pinned by ``pin_cpu_bf16_kernel``, a resumed record, or the environment variable), ``{"<H>x<KV>x<d>": kernel,
-    ...}`` (measured per head layout, or taken over from a resumed record), or ``{}`` when none ran (fp32 or GPU
-    training: the environment variable is then not recorded, as it chose nothing)."""
+    "<H>x<KV>x<d>-short": kernel, ...}`` (measured per head layout, the ``-short`` one for calls of at most
+    ``SHORT_QUERY`` queries, or taken over from a resumed record), or ``{}`` when none ran (fp32 or GPU training: the
+    environment variable is then not recorded, as it chose nothing)."""
     if _pinned is not None:
         return {"pinned": _pinned}
     if _env_used is not None and not _restored:
         return {"pinned": _env_used}
-    return {f"{h}x{kv}x{d}": k for (h, kv, d), k in _chosen.items()}
+    return {_layout_key(layout): k for layout, k in _chosen.items()}
+
+
+def _layout_key(layout: Layout) -> str:
+    h, kv, d, short = layout
+    return f"{h}x{kv}x{d}" + ("-short" if short else "")
 
 
 def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
@@ -116,14 +136,24 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     first part measured or was pinned to, so resuming never switches kernels (bitwise resume), whatever
     ``VLA_CPU_BF16_ATTENTION`` says now (a different value is logged as ignored). An empty record (fp32 or GPU
     training, or a checkpoint from before the record) leaves the choice to the environment variable or a
-    measurement."""
+    measurement. A record from before short layouts (``SHORT_QUERY``) has one key per head layout: its kernel runs
+    the short calls too (so the resume keeps the kernels that ran), and the record is written back as it was read.
+
+    Not bitwise across an upgrade of the kernels themselves: a record from before the three-op explicit form
+    (``grouped_attention``) resumes with the new form, the same attention rounded differently."""
     global _restored
     _chosen.clear()  # another run's measurements in this process are not this run's
+    _implied.clear()
     pin_cpu_bf16_kernel(choices.get("pinned"))
-    for layout, kernel in choices.items():
-        if layout != "pinned" and kernel in KERNELS:
-            h, kv, d = (int(x) for x in layout.split("x"))
-            _chosen[(h, kv, d)] = kernel
+    for key, kernel in choices.items():
+        if key != "pinned" and kernel in KERNELS:
+            heads, short = (key[: -len("-short")], True) if key.endswith("-short") else (key, False)
+            h, kv, d = (int(x) for x in heads.split("x"))
+            _chosen[(h, kv, d, short)] = kernel
+            if not short:
+                _implied[(h, kv, d, True)] = kernel
+    for layout in _chosen:
+        _implied.pop(layout, None)
     _restored = bool(choices)
     env = env_kernel()
     if choices and env is not None and set(choices.values()) != {env}:
@@ -141,23 +171,24 @@ def _cpu_bf16_kernel(
 
     CPU families disagree: on an AMX Xeon SDPA's bf16 backward took ~3x the explicit grouped form at the expert's
     shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's, and SDPA in float32 ~0.5x its bf16
-    self (``benchmarks/attention.py``), so the choice is measured here, on copies of the first inputs, and logged."""
+    self (``benchmarks/attention.py``), so the choice is measured here, on copies of the first inputs, and logged.
+    Calls of at most ``SHORT_QUERY`` queries are measured as a layout of their own."""
     global _env_used
     env = env_kernel()
     if _pinned is not None:
         return _pinned
-    key = (q.shape[1], k.shape[1], q.shape[3])
-    if env is not None and not (_restored and key in _chosen):
+    key = (q.shape[1], k.shape[1], q.shape[3], q.shape[2] <= SHORT_QUERY)
+    known = _chosen.get(key) or _implied.get(key)
+    if env is not None and not (_restored and known):
         if _restored:  # a layout the resumed record lacks: recorded with it, so the next resume keeps it too
             _chosen[key] = env
         else:
             _env_used = env
         return env
-    if key not in _chosen:
-        _chosen[key] = _measure(q, k, v, mask, scale)
-        log.info(
-            "bf16 CPU attention for %s query/kv heads x %d dims: %s (measured)", key[:2], key[2], _chosen[key]
-        )
+    if known:
+        return known
+    _chosen[key] = _measure(q, k, v, mask, scale)
+    log.info("bf16 CPU attention for %s: %s (measured)", _layout_key(key), _chosen[key])
     return _chosen[key]
 
 
@@ -208,16 +239,33 @@ def grouped_attention(
     softcap: float | None = None,
 ) -> torch.Tensor:
     """Explicit attention ``[B, H, Tq, d]`` for grouped-query heads without repeating K/V: the ``H / KV`` query
-    heads of each KV head are stacked along the query axis (HF's head order: query head ``h`` reads KV head
-    ``h // (H / KV)``). Softmax in float32, as HF's eager attention."""
+    heads of each KV head are stacked along the query axis (HF's head order, ``repeat_kv``: query head ``h`` reads
+    KV head ``h // (H / KV)``).
+
+    Three ops: one ``baddbmm`` (the mask as an additive bias of the dtype's lowest value, the scale as ``alpha``),
+    the softmax, one ``bmm``, all in the compute dtype (the input's, or autocast's). In bf16 on the CPU this beats
+    SDPA's fused kernel at the model's shapes, forward and backward (``benchmarks/attention.py``), where casting to
+    float32 around the softmax (the former form) cost more than the matmuls. Logits are rounded to the compute dtype,
+    as in HF's eager attention; a row with no key allowed gets uniform weights, as there. Logit soft-capping
+    (Gemma2) keeps a form with float32 softmax."""
     b, h, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
-    logits = torch.matmul(q.reshape(b, kv, (h // kv) * t, d), k.transpose(-1, -2)) * scale
+    g = h // kv
     if softcap:
+        logits = torch.matmul(q.reshape(b, kv, g * t, d), k.transpose(-1, -2)) * scale
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits.view(b, kv, h // kv, t, s).masked_fill(~mask[:, :, None], torch.finfo(logits.dtype).min)
-    probs = torch.softmax(logits.float(), dim=-1).to(q.dtype).view(b, kv, (h // kv) * t, s)
-    return torch.matmul(probs, v).view(b, h, t, d)
+        logits = logits.view(b, kv, g, t, s).masked_fill(~mask[:, :, None], torch.finfo(logits.dtype).min)
+        probs = torch.softmax(logits.float(), dim=-1).to(q.dtype).view(b, kv, g * t, s)
+        return torch.matmul(probs, v).view(b, h, t, d)
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    bias = bias[:, :, None].expand(b, kv, g, t, s).reshape(b * kv, g * t, s)
+    logits = torch.baddbmm(
+        bias, q.reshape(b * kv, g * t, d), k.reshape(b * kv, s, d).transpose(1, 2), alpha=scale
+    )
+    probs = torch.softmax(logits, dim=-1)
+    return torch.bmm(probs, v.reshape(b * kv, s, d)).view(b, h, t, d)
 
 
 class SharedKVLayer(nn.Module):
@@ -230,6 +278,14 @@ class SharedKVLayer(nn.Module):
 
     checkpoint_activations: bool = False
     keys_values_only: bool = False
+    inference_attention: str = (
+        "sdpa"  # set by prepare_inference; used outside training mode without a gradient
+    )
+
+    @property
+    def softcap(self) -> float | None:
+        """The attention logit soft-capping of this layer (Gemma2), None without: only the explicit form has it."""
+        return getattr(self.self_attn, "attn_logit_softcapping", None) or None
 
     def forward(
         self,
@@ -288,22 +344,20 @@ class SharedKVLayer(nn.Module):
         """Attention of ``q`` over ``k``/``v`` with boolean ``mask`` ``[B, 1, Tq, Tk]``, then the output projection:
         ``[B, Tq, hidden]``.
 
-        SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping) or another kernel is
-        faster: bf16 training on the CPU, where the fastest of ``KERNELS`` is measured per machine
-        (``_cpu_bf16_kernel``)."""
+        SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping: nothing to choose) or
+        another kernel is faster: bf16 training on the CPU, where the fastest of ``KERNELS`` is measured per machine
+        (``_cpu_bf16_kernel``), and inference outside training mode, which runs ``inference_attention``."""
         attn = self.self_attn
-        softcap = getattr(attn, "attn_logit_softcapping", None)
-        kernel = (
-            "explicit" if softcap else "sdpa"
-        )  # soft-capping: only the explicit form has it, nothing to measure
-        if (
-            not softcap
-            and q.device.type == "cpu"
-            and torch.is_grad_enabled()
-            and q.requires_grad
-            and _bf16_cpu(q)
-        ):
+        softcap = self.softcap
+        grad = torch.is_grad_enabled() and q.requires_grad
+        if softcap:
+            kernel = "explicit"
+        elif grad and q.device.type == "cpu" and _bf16_cpu(q):
             kernel = _cpu_bf16_kernel(q, k, v, mask, attn.scaling)
+        elif not grad and not self.training:
+            kernel = self.inference_attention
+        else:
+            kernel = "sdpa"
         out = attend(kernel, q, k, v, mask, attn.scaling, softcap)
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
         return attn.o_proj(out)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer
 from vla.models.compiled import frozen_compile, release
 
 if TYPE_CHECKING:
@@ -39,10 +40,17 @@ class ServingGraphs(nn.Module):
     _serving_step: Callable[..., torch.Tensor] | None = None  # the compiled flow_step, while valid
     _serving_weights: tuple[tuple[int, int], ...] | None = None  # what the compiled graphs froze
 
-    def prepare_inference(self, dtype: torch.dtype | str = torch.float32, *, compile: bool = False) -> Self:
+    def prepare_inference(
+        self, dtype: torch.dtype | str = torch.float32, *, compile: bool = False, attention: str = "sdpa"
+    ) -> Self:
         """Ready the model for serving: ``eval()``, weights cast to ``dtype`` (``"bfloat16"`` uses AMX on recent
-        Xeons and tensor cores on GPUs; the flow integration state stays float32) and, with ``compile``, the
-        flow step, vision tower and language layers compiled with frozen weights (one-time compile cost)."""
+        Xeons and tensor cores on GPUs; the flow integration state stays float32), every language layer's attention
+        kernel set to ``attention`` (``"sdpa"`` or ``"explicit"``, ``vla.models.attention.INFERENCE_ATTENTION``;
+        which is faster depends on the CPU and dtype: ``vla serve`` measures) and, with ``compile``, the flow step,
+        vision tower and language layers compiled with frozen weights (one-time compile cost). ``train()`` puts
+        SDPA back."""
+        if attention not in INFERENCE_ATTENTION:
+            raise ValueError(f"attention must be one of {INFERENCE_ATTENTION}, got {attention!r}")
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self._drop_compiled()
         self.backbone.drop_frozen_compiled()  # training's graphs froze other weights (and dtype)
@@ -57,6 +65,7 @@ class ServingGraphs(nn.Module):
         self.eval().to(dtype)
         for module, name, buf in rope:
             setattr(module, name, buf)
+        self._set_inference_attention(attention)
         if compile:
             self._compile_serving()
         return self
@@ -86,4 +95,16 @@ class ServingGraphs(nn.Module):
     def train(self, mode: bool = True) -> Self:
         if mode:
             self._drop_compiled()
+            self._set_inference_attention("sdpa")
         return super().train(mode)
+
+    def _set_inference_attention(self, kernel: str) -> None:
+        for module in self.modules():
+            if isinstance(module, SharedKVLayer):
+                module.inference_attention = kernel
+
+    @property
+    def inference_attention(self) -> str:
+        """The attention kernel ``prepare_inference`` set (``"sdpa"`` until then, and after ``train()``)."""
+        kernels = {m.inference_attention for m in self.modules() if isinstance(m, SharedKVLayer)}
+        return kernels.pop() if len(kernels) == 1 else "sdpa"
