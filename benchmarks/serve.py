@@ -12,10 +12,12 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
 * ``throughput``: chunks/s with 1, 4 and 8 concurrent clients (each sends ``--per-client`` requests, the next when
   it has its answer)
   against a micro-batching server (``--max-batch 8``) and a one-at-a-time server (``--max-batch 1``, what openpi
-  ships); ``speedup_8_clients`` is their ratio. ``--dtype auto`` leaves the mode (weights dtype x compiled graphs)
-  to each server, as ``vla serve`` without ``--dtype``/``--compile`` runs: it times its candidates at warm-up and
-  keeps the fastest within the accuracy bound (the micro-batching server measures; the one-at-a-time server then runs
-  the same mode, so the speedup compares batching alone); ``serving_mode`` records each server's mode and trials.
+  ships); ``speedup_8_clients`` is their ratio. ``--dtype auto`` leaves the mode (weights dtype x compiled graphs x
+  attention kernel) to each server, as ``vla serve`` without ``--dtype``/``--compile``/``--attention`` runs: it times
+  its candidates at warm-up and keeps the fastest within the accuracy bound (the micro-batching server measures;
+  the one-at-a-time server then runs the same mode, so the speedup compares batching alone); ``serving_mode``
+  records each server's mode and trials. With a fixed ``--dtype``, ``--attention`` fixes the kernel too (left out,
+  the micro-batching server measures it and the one-at-a-time server runs its choice).
 
 * ``batching_bound``: what micro-batching can gain on this CPU at all: the micro-batching server's per-chunk time
   at batch 1 and at batch 8 (inside the model, from its warm-up trials), and the ceiling a batch running at the
@@ -28,7 +30,7 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   "grpcio>=1.73.1,<2" "protobuf>=6.31.1,<8"``). Run after ours, on the same quiet machine; ``--skip-peer`` skips it.
 
     .venv/bin/python benchmarks/serve.py [--requests 60] [--per-client 4] [--dtype float32|bfloat16|auto] [--compile]
-                                         [--out FILE]
+                                         [--attention sdpa|explicit] [--out FILE]
 """
 
 from __future__ import annotations
@@ -93,13 +95,13 @@ def request(i: int) -> dict:
     }
 
 
-def in_process(ckpt: Path, dtype: str, compile: bool, n: int) -> dict:
+def in_process(ckpt: Path, dtype: str, compile: bool, attention: str, n: int) -> dict:
     from vla.policy import Policy
     from vla.runtime import tune_allocator
     from vla.types import Observation
 
     tune_allocator()  # as `vla serve` does at start-up (VLA_MALLOC_TUNING)
-    policy = Policy.from_checkpoint(ckpt, dtype=dtype, compile=compile)
+    policy = Policy.from_checkpoint(ckpt, dtype=dtype, compile=compile, attention=attention)
     times = []
     for i in range(n + 2):
         r = request(i)
@@ -114,11 +116,19 @@ def in_process(ckpt: Path, dtype: str, compile: bool, n: int) -> dict:
 
 class Server:
     def __init__(
-        self, ckpt: Path, max_batch: int, dtype: str, compile: bool, window_ms: str | None = None
+        self,
+        ckpt: Path,
+        max_batch: int,
+        dtype: str,
+        compile: bool,
+        attention: str | None,
+        window_ms: str | None = None,
     ) -> None:
         cmd = [sys.executable, "-m", "vla.cli", "serve", str(ckpt), "--port", "0", "--max-batch", str(max_batch)]  # fmt: skip
         if dtype != "auto":  # auto: the server times its candidate modes at warm-up and keeps the fastest
             cmd += ["--dtype", dtype, "--compile" if compile else "--no-compile"]
+        if attention is not None:  # None: the server measures the kernel
+            cmd += ["--attention", attention]
         if window_ms is not None:
             cmd += ["--batch-window-ms", window_ms]
         self.log = Path(tempfile.mkdtemp()) / "serve.log"
@@ -136,8 +146,8 @@ class Server:
 
 
 def serving_mode(url: str) -> dict[str, object]:
-    """The server's metadata ``serving_mode``: the mode it runs (``"<dtype> compiled|eager"``) and, where it
-    measured, the trials it chose it from."""
+    """The server's metadata ``serving_mode``: the mode it runs (``mode``: ``"<dtype> compiled|eager <attention>"``,
+    and ``dtype``, ``compile``, ``attention``) and, where it measured, the trials it chose it from."""
     from vla.serving.client import WebsocketClient
 
     with WebsocketClient(url, timeout=300) as client:
@@ -221,7 +231,7 @@ def batching_bound(result: dict, threads: int) -> dict:
     trial = next(
         (t for t in result["serving_mode"]["micro_batched"].get("trials", []) if t["mode"] == mode), None
     )
-    if trial is not None:  # int keys as the server reports them, str keys once read back from JSON
+    if trial is not None:  # string keys (msgpack and JSON alike)
         ms = {int(k): v for k, v in trial["ms_per_chunk"].items()}
         ms1, ms8, source = ms[1], ms[8], "the server's warm-up trials"
     else:
@@ -262,6 +272,8 @@ def main() -> None:
                     help="auto: the servers' defaults (each times its candidate modes at warm-up and keeps the "
                          "fastest); in process then runs the micro-batching server's choice")  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="(with --dtype float32|bfloat16)")
+    ap.add_argument("--attention", default=None, choices=["sdpa", "explicit"],
+                    help="(with --dtype float32|bfloat16) the attention kernel; default: measured by the server")  # fmt: skip
     ap.add_argument("--batch-window-ms", default=None, metavar="MS|auto",
                     help="vla serve --batch-window-ms of both servers (default: the server's, auto)")  # fmt: skip
     ap.add_argument("--out", default="")
@@ -269,6 +281,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.dtype == "auto" and args.compile:
         ap.error("--compile goes with --dtype float32|bfloat16; with --dtype auto the server chooses it")
+    if args.dtype == "auto" and args.attention:
+        ap.error("--attention goes with --dtype float32|bfloat16; with --dtype auto the server chooses it")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,27 +302,24 @@ def main() -> None:
                 "flow_steps": 10,
                 "dtype": args.dtype,
                 "compile": None if args.dtype == "auto" else args.compile,
+                "attention": args.attention or "measured by the server",
                 "batch_window_ms": args.batch_window_ms or "auto (the server's default)",
                 "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
                 # vla.runtime's allocator tuning, on for the server and in process unless "0"
                 "allocator_tuning": os.environ.get("VLA_MALLOC_TUNING", "1"),
             },
         }
-        if args.dtype != "auto":
-            progress("timing Policy.infer in process")
-            result["in_process"] = in_process(ckpt, args.dtype, args.compile, args.requests)
         clients = [int(c) for c in args.clients.split(",")]
-        dtype, compiled = args.dtype, args.compile
+        dtype, compiled, attention = args.dtype, args.compile, args.attention
         for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
             progress(f"starting vla serve --max-batch {max_batch}")
-            server = Server(ckpt, max_batch, dtype, compiled, args.batch_window_ms)
+            server = Server(ckpt, max_batch, dtype, compiled, attention, args.batch_window_ms)
             try:
                 result.setdefault("serving_mode", {})[name] = serving_mode(server.url)
                 progress(f"{name}: the server runs {result['serving_mode'][name]['mode']}")
                 # the one-at-a-time server runs the same mode: the speedup compares batching alone
-                if dtype == "auto":
-                    dtype, how = result["serving_mode"][name]["mode"].split()
-                    compiled = how == "compiled"
+                chosen = result["serving_mode"][name]
+                dtype, compiled, attention = chosen["dtype"], chosen["compile"], chosen["attention"]
                 if name == "micro_batched":
                     progress("latency: one client, requests back to back")
                     result["latency"] = latency(server.url, args.requests)
@@ -319,9 +330,9 @@ def main() -> None:
                     )
             finally:
                 result.setdefault("server_exit_codes", {})[name] = server.stop()
-        if args.dtype == "auto":  # in process: the micro-batching server's mode (dtype, compiled set above)
-            progress(f"timing Policy.infer in process ({dtype}, {'compiled' if compiled else 'eager'})")
-            result["in_process"] = in_process(ckpt, dtype, compiled, args.requests)
+        # in process: the micro-batching server's mode (set above)
+        progress(f"timing Policy.infer in process ({result['serving_mode']['micro_batched']['mode']})")
+        result["in_process"] = in_process(ckpt, dtype, compiled, attention, args.requests)
     lat = result["latency"]
     result["protocol_overhead_ms"] = {
         "p50": lat["overhead"]["p50_ms"],

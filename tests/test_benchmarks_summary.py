@@ -242,20 +242,25 @@ def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pyt
         return {"flops_per_chunk": 30e9} if job["kind"] == "infer" else {"bf16_tflops": 1.0}
 
     monkeypatch.setattr(harness, "run_child", child)
-    trials = [  # the kept mode's times under int keys, as the server reports them
-        {"mode": "float32 eager", "ms_per_chunk": {"1": 300.0, "8": 200.0}},
-        {"mode": "bfloat16 compiled", "ms_per_chunk": {1: 100.0, 8: 50.0}},
+    trials = [  # as the server reports them: string keys
+        {"mode": "float32 eager sdpa", "ms_per_chunk": {"1": 300.0, "8": 200.0}},
+        {"mode": "bfloat16 compiled sdpa", "ms_per_chunk": {"1": 120.0, "8": 60.0}},
+        {"mode": "bfloat16 compiled explicit", "ms_per_chunk": {"1": 100.0, "8": 50.0}},
     ]
-    result = {"serving_mode": {"micro_batched": {"mode": "bfloat16 compiled", "trials": trials}}}
+    kept = {
+        "mode": "bfloat16 compiled explicit",
+        "dtype": "bfloat16",
+        "compile": True,
+        "attention": "explicit",
+    }
+    result = {"serving_mode": {"micro_batched": {**kept, "trials": trials}}}
     bound = serve.batching_bound(result, 2)
     assert jobs[1] == {"kind": "peak", "threads": 2, "dtypes": ["bf16"]}  # the kept mode's dtype only
     assert bound["inside_model_gain_8"] == pytest.approx(2.0)
     assert bound["batch1_fraction_of_peak"] == pytest.approx(0.3)
     assert bound["ceiling"] == pytest.approx(1 / 0.3)
     assert bound["source"] == "the server's warm-up trials"
-    trials[1]["ms_per_chunk"] = {"1": 100.0, "8": 50.0}  # read back from a result file: str keys
-    assert serve.batching_bound(result, 2)["inside_model_gain_8"] == pytest.approx(2.0)
-    # a fixed mode: no trials; batch 1 in process, batch 8 from the 8-client throughput (10 chunks/s: 100 ms)
+    # a fixed mode (a result file from before the attention kernel was part of it): no trials; batch 1 in process, batch 8 from the 8-client throughput (10 chunks/s: 100 ms)
     fixed = {"serving_mode": {"micro_batched": {"mode": "float32 eager", "trials": []}},
              "in_process": {"p50_ms": 150.0},
              "throughput": {"micro_batched": [{"clients": 1, "chunks_per_s": 6.0}, {"clients": 8, "chunks_per_s": 10.0}]}}  # fmt: skip

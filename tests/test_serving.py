@@ -88,6 +88,8 @@ def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log = tmp / "stderr.txt"
     cmd = [sys.executable, "-m", "vla.cli", "serve", str(checkpoint), "--port", "0", "--api-key-file", str(key_file),
            "--dtype", "float32", "--no-compile", "--num-steps", str(NUM_STEPS), "--max-frame-mb", "1",
+           # the attention kernel left open: the server measures both, so every client below (openpi's included)
+           # reads a metadata frame that carries trials
            "--max-batch", "8", "--batch-window-ms", "5"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "w") as err:
@@ -151,6 +153,18 @@ def test_ready_line_healthz_and_metadata(server: Server, policy: Policy) -> None
     assert panda["chunk_length"] == policy.chunk_length("sim_panda") and panda["control_hz"] == 10.0
     assert panda["cameras"] == ["primary", "wrist"] and len(panda["action_names"]) == 8
     assert "observation/image" in panda["observation_keys"]["libero"]
+    # the mode: dtype and compile as asked, the attention kernel measured (both timed eager), named everywhere
+    mode = meta["serving_mode"]
+    assert (
+        mode["dtype"] == "float32" and mode["compile"] is False and mode["attention"] in ("sdpa", "explicit")
+    )
+    assert (
+        mode["mode"] == f"float32 eager {mode['attention']}" and f"| mode {mode['mode']}" in server.ready_line
+    )
+    trials = {t["mode"]: t for t in mode["trials"]}
+    assert set(trials) == {"float32 eager sdpa", "float32 eager explicit"}, trials
+    for t in trials.values():  # same dtype as the reference: the kernels differ by float32 rounding only
+        assert t["accepted"] and t["rel_error"] < 1e-5 and set(t["ms_per_chunk"]) == {"1", "8"}, t
 
 
 def test_openpi_client_gets_the_policys_actions(server: Server, policy: Policy) -> None:
@@ -160,8 +174,9 @@ def test_openpi_client_gets_the_policys_actions(server: Server, policy: Policy) 
         reason="openpi-client not installed: `make install` adds it (pip install --no-deps openpi-client)",
     )
     client = websocket_client_policy.WebsocketClientPolicy(server.url, api_key=API_KEY)
-    meta = client.get_server_metadata()
+    meta = client.get_server_metadata()  # unpacked with strict_map_key: every map key must be a string
     assert meta["protocol_version"] == 1 and "sim_panda" in meta["embodiments"]
+    assert len(meta["serving_mode"]["trials"]) == 2
     canonical = observation(1)
     primary, wrist, state = canonical["images"]["primary"], canonical["images"]["wrist"], canonical["state"]
     layouts = {

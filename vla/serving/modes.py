@@ -1,11 +1,19 @@
-"""Serving-mode selection at warm-up: time each candidate (weights dtype x compiled graphs) on this machine.
+"""Serving-mode selection at warm-up: time each candidate (weights dtype x compiled graphs x attention kernel) on
+this machine.
 
 Which mode is fastest depends on the hardware: bf16 weights are a large win on CPUs with AMX and on GPUs, while
-on an AMD EPYC without AMX compiled fp32 measured 1.25-5x *slower* than eager fp32. So ``vla serve`` does not
-guess: each candidate is prepared (``FlowVLA.prepare_inference``), warmed up, and timed at the batch sizes the
-server will run (1 and ``--max-batch``) on synthetic observations of every served embodiment; a candidate whose
-chunk differs from the eager fp32 chunk (same observations, same noise seeds) by more than ``tolerance`` (1 %) of
-that chunk's largest magnitude is refused; the fastest remaining one is kept and logged.
+on an AMD EPYC without AMX compiled fp32 measured 1.25-5x *slower* than eager fp32; the explicit three-op attention
+(``vla.models.attention.grouped_attention``) beat SDPA's fused kernel in bf16 on AVX-512-BF16 EPYCs. So ``vla
+serve`` does not guess: each candidate is prepared (``FlowVLA.prepare_inference``), warmed up, and timed at the
+batch sizes the server will run (1 and ``--max-batch``) on synthetic observations of every served embodiment; a
+candidate whose chunk differs from the eager fp32 SDPA chunk (same observations, same noise seeds) by more than
+``tolerance`` (1 %) of that chunk's largest magnitude is refused; the fastest remaining one is kept and logged.
+
+An attention kernel left open is measured without a second compile: eager modes are timed with both kernels, and a
+compiled mode takes the kernel that won the eager trials of its dtype (both only where no eager trial of its dtype
+runs). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts from the
+weights as loaded (``prepare_inference`` casts in place: without that, a float32 trial after a bf16 one would run
+bf16-rounded weights).
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer
 from vla.policy import Policy
 from vla.types import Observation
 
@@ -25,17 +35,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Mode:
-    """One way to run the model: weights ``dtype`` and whether the serving graphs are compiled."""
+    """One way to run the model: weights ``dtype``, whether the serving graphs are compiled, and the attention
+    kernel (``INFERENCE_ATTENTION``; None in a candidate: to be measured)."""
 
     dtype: str
     compile: bool
+    attention: str | None = "sdpa"
 
     def __str__(self) -> str:
-        return f"{self.dtype} {'compiled' if self.compile else 'eager'}"
+        return f"{self.dtype} {'compiled' if self.compile else 'eager'} {self.attention or 'sdpa|explicit'}"
+
+    def to_dict(self) -> dict[str, object]:
+        """``mode`` (``str(self)``), ``dtype``, ``compile``, ``attention``: for the metadata and the ready line."""
+        return {"mode": str(self), "dtype": self.dtype, "compile": self.compile, "attention": self.attention}
 
 
 #: The accuracy reference every candidate is compared with.
-REFERENCE = Mode("float32", False)
+REFERENCE = Mode("float32", False, "sdpa")
 
 
 @dataclass(frozen=True)
@@ -50,19 +66,27 @@ class Trial:
     def to_dict(self) -> dict[str, object]:
         return {
             "mode": str(self.mode),
-            "ms_per_chunk": {b: round(s * 1000, 3) for b, s in self.seconds_per_chunk.items()},
+            # string keys: msgpack map keys must be strings for openpi's client (strict_map_key) and JSON
+            "ms_per_chunk": {str(b): round(s * 1000, 3) for b, s in self.seconds_per_chunk.items()},
             "rel_error": self.rel_error,
             "accepted": self.accepted,
         }
 
 
 def candidates(
-    dtype: str | None, compile: bool | None, device: str, *, bf16_slowdown: float | None = None
+    dtype: str | None,
+    compile: bool | None,
+    device: str,
+    *,
+    attention: str | None = None,
+    bf16_slowdown: float | None = None,
 ) -> list[Mode]:
-    """The modes to try: the user's choice when both are given, else every combination left open, except bf16
+    """The modes to try: the user's choice when all are given, else every combination left open, except bf16
     on a CPU that emulates it (a bf16 matmul more than ``BF16_EMULATED_SLOWDOWN`` times slower than fp32,
     ``bf16_slowdown``, measured here when None; an AVX2-only AMD EPYC measured 30-80x, where one bf16 trial would
-    take minutes and could never win)."""
+    take minutes and could never win). ``attention`` None leaves the kernel to ``select_mode``."""
+    if attention is not None and attention not in INFERENCE_ATTENTION:
+        raise ValueError(f"attention must be one of {INFERENCE_ATTENTION}, got {attention!r}")
     from vla.runtime import BF16_EMULATED_SLOWDOWN, cpu_bf16_slowdown
 
     dtypes = [dtype] if dtype else ["float32", "bfloat16"]
@@ -76,7 +100,7 @@ def candidates(
             else:
                 log.warning("--dtype bfloat16 kept although %s (--dtype float32 would be faster)", why)
     compiles = [compile] if compile is not None else [False, True]
-    return [Mode(d, c) for d in dtypes for c in compiles]
+    return [Mode(d, c, attention) for d in dtypes for c in compiles]
 
 
 def synthetic_observations(policy: Policy, n: int, seed: int = 0) -> list[Observation]:
@@ -103,40 +127,56 @@ def select_mode(
     repeats: int = 3,
     tolerance: float = 0.01,
 ) -> tuple[Mode, list[Trial]]:
-    """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A single mode is only
+    """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A mode whose attention is
+    None is timed with both kernels where eager, and with the winner of its dtype's eager trials where compiled
+    (both when none ran); a soft-capped model runs the explicit form only. A single mode with its kernel set is only
     prepared and warmed up (nothing to compare)."""
     batch_sizes = sorted(set(batch_sizes))
-    if len(modes) == 1:
+    if softcapped(policy):  # only the explicit form has soft-capping: whatever the kernel, it is what runs
+        modes = list(dict.fromkeys(Mode(m.dtype, m.compile, "explicit") for m in modes))
+    if len(modes) == 1 and modes[0].attention is not None:
         _prepare(policy, modes[0])
         _time(policy, batch_sizes, repeats=0)  # warm-up only (compiles when compiling)
         return modes[0], []
+    loaded = _LoadedWeights(policy.model)
     probe = synthetic_observations(policy, max(batch_sizes))
     seeds = list(range(len(probe)))
 
     def chunks() -> np.ndarray:
         return np.concatenate([c.actions.ravel() for c in policy.infer_batch(probe, seeds=seeds)])
 
-    _prepare(policy, REFERENCE)
+    reference_mode = Mode("float32", False, "explicit" if softcapped(policy) else "sdpa")
+    loaded.prepare(policy, reference_mode)
     reference = chunks()
     scale = float(np.abs(reference).max()) or 1.0
-    trials = []
-    for mode in modes:
-        _prepare(policy, mode)
-        rel = float(np.abs(chunks() - reference).max()) / scale
-        timing = _time(policy, batch_sizes, repeats=repeats)
-        trial = Trial(mode, timing, rel, rel <= tolerance)
-        trials.append(trial)
-        log.info("serving mode %s: %s", mode, trial.to_dict())
+    trials: list[Trial] = []
+    for candidate in modes:
+        kernels = [candidate.attention] if candidate.attention else list(INFERENCE_ATTENTION)
+        if candidate.attention is None and candidate.compile:
+            eager = [
+                t for t in trials if t.mode.dtype == candidate.dtype and not t.mode.compile and t.accepted
+            ]
+            if eager:  # the eager winner's kernel: no second compile
+                kernels = [_fastest(eager).mode.attention]
+        for kernel in kernels:
+            mode = Mode(candidate.dtype, candidate.compile, kernel)
+            loaded.prepare(policy, mode)
+            rel = float(np.abs(chunks() - reference).max()) / scale
+            timing = _time(policy, batch_sizes, repeats=repeats)
+            trial = Trial(mode, timing, rel, rel <= tolerance)
+            trials.append(trial)
+            log.info("serving mode %s: %s", mode, trial.to_dict())
     accepted = [t for t in trials if t.accepted]
     if not accepted:  # only modes the user asked for were tried: keep their choice, say so
         log.warning(
             "every requested serving mode is off the fp32 chunk by more than %g; keeping it", tolerance
         )
         accepted = trials
-    best = min(accepted, key=lambda t: statistics.fmean(t.seconds_per_chunk.values()))
-    _prepare(policy, best.mode)
-    if best.mode.compile:
-        _time(policy, batch_sizes, repeats=0)  # compile the kept graphs before the first request
+    best = _fastest(accepted)
+    if best is not trials[-1]:  # the last trial's mode is prepared and warm already
+        loaded.prepare(policy, best.mode)
+        if best.mode.compile:
+            _time(policy, batch_sizes, repeats=0)  # compile the kept graphs before the first request
     return best.mode, trials
 
 
@@ -145,8 +185,54 @@ def time_forward(policy: Policy) -> float:
     return _time(policy, [1], repeats=1)[1]
 
 
+def _fastest(trials: list[Trial]) -> Trial:
+    return min(trials, key=lambda t: statistics.fmean(t.seconds_per_chunk.values()))
+
+
+def softcapped(policy: Policy) -> bool:
+    """True when a language layer soft-caps its attention logits (Gemma2): only the explicit form has it."""
+    return any(isinstance(m, SharedKVLayer) and m.softcap for m in policy.model.modules())
+
+
 def _prepare(policy: Policy, mode: Mode) -> None:
-    policy.model.prepare_inference(mode.dtype, compile=mode.compile)
+    policy.model.prepare_inference(mode.dtype, compile=mode.compile, attention=mode.attention or "sdpa")
+
+
+class _LoadedWeights:
+    """The model's floating parameters and buffers as loaded (CPU copies, non-persistent buffers included, a tied
+    parameter once), put back before each trial: ``prepare_inference`` casts in place, so a float32 trial after a
+    bf16 one would otherwise run (and keep) bf16-rounded weights. Copies are made only when a trial casts."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
+        self.buffers: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+        self.dtypes = {t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
+        self.model = model
+
+    def prepare(self, policy: Policy, mode: Mode) -> None:
+        """Put the loaded weights back (when a cast happened since loading) and prepare ``mode``."""
+        if self.params or self.buffers:
+            self._restore()
+        elif self.dtypes - {getattr(torch, mode.dtype)}:  # this trial casts: keep the weights as loaded first
+            self._copy()
+        _prepare(policy, mode)
+
+    def _copy(self) -> None:
+        for module in self.model.modules():
+            for p in module.parameters(recurse=False):
+                if p.is_floating_point() and id(p) not in self.params:
+                    self.params[id(p)] = (p, p.detach().to("cpu", copy=True))
+            for name, b in module.named_buffers(recurse=False):
+                if b is not None and b.is_floating_point():
+                    self.buffers.append((module, name, b.detach().to("cpu", copy=True)))
+
+    def _restore(self) -> None:
+        with torch.no_grad():
+            for p, saved in self.params.values():
+                p.data = saved.to(p.device, copy=True)
+            for module, name, saved in self.buffers:
+                current = module._buffers[name]
+                module._buffers[name] = saved.to(current.device if current is not None else "cpu", copy=True)
 
 
 def _time(policy: Policy, batch_sizes: list[int], *, repeats: int) -> dict[int, float]:

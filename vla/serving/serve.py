@@ -1,14 +1,15 @@
 """``vla serve CKPT``: load a checkpoint as a ``Policy``, pick the serving mode by measurement, serve until stopped.
 
     vla serve CKPT [--host 127.0.0.1] [--port 8000] [--api-key-file F] [--embodiment NAME ...] [--max-batch 8]
-                   [--batch-window-ms 2] [--dtype bfloat16|float32] [--compile/--no-compile] [--max-frame-mb 64]
+                   [--batch-window-ms 2] [--dtype bfloat16|float32] [--compile/--no-compile]
+                   [--attention sdpa|explicit] [--max-frame-mb 64]
 
 Start-up refuses (exit 2, one line naming the fix) a checkpoint without stats for a requested embodiment, an
-unreadable or short API key file and bad flags, before binding the port. ``--dtype``/``--compile`` left out:
-every combination is timed at warm-up and the fastest within 1 % of the fp32 chunk is kept
+unreadable or short API key file and bad flags, before binding the port. ``--dtype``/``--compile``/``--attention``
+left out: every combination is timed at warm-up and the fastest within 1 % of the fp32 chunk is kept
 (``vla.serving.modes``). Then one line on stdout::
 
-    vla serve: ready at ws://127.0.0.1:8000 (REST http://127.0.0.1:8000/act) | embodiments sim_panda | protocol 1 | mode float32 eager
+    vla serve: ready at ws://127.0.0.1:8000 (REST http://127.0.0.1:8000/act) | embodiments sim_panda | protocol 1 | mode float32 eager sdpa
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def add_serve_parser(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="compiled serving graphs (default: whichever measured faster)",
+    )
+    s.add_argument(
+        "--attention",
+        choices=["sdpa", "explicit"],
+        default=None,
+        help="attention kernel: PyTorch's fused SDPA or the explicit three-op form (default: whichever measured "
+        "faster; a soft-capped model, Gemma2, runs the explicit form)",
     )
     s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest request accepted (MiB)")
     s.add_argument("--max-connections", type=int, default=64, help="concurrent WebSocket connections")
@@ -122,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         num_steps=args.num_steps,
     )
     # the bf16 probe inside candidates() is torch work too: on the model thread
-    modes = model_thread.call(candidates, args.dtype, args.compile, args.device)
+    modes = model_thread.call(candidates, args.dtype, args.compile, args.device, attention=args.attention)
     mode, trials = model_thread.call(select_mode, policy, modes, [1, args.max_batch])
     log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
     options = ServeOptions(
@@ -141,7 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serving = ServingApp(
         policy,
         options,
-        serving_mode={"mode": str(mode), "trials": [t.to_dict() for t in trials]},
+        serving_mode={**mode.to_dict(), "trials": [t.to_dict() for t in trials]},
         model_thread=model_thread,
         # the kept mode's measured batch-1 pass sizes the adaptive batch window until real batches have run
         forward_s=next((t.seconds_per_chunk.get(1) for t in trials if t.mode == mode), None)
