@@ -8,6 +8,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     with contextlib.suppress(ChildProcessError):  # and orphans adopted during the run that ended since
         while os.waitpid(-1, os.WNOHANG)[0] != 0:
             pass
+
+
+@pytest.fixture(autouse=True)
+def _not_real_time() -> Iterator[None]:
+    """A test must not leave the pytest process real-time (SCHED_FIFO/RR): every process it starts afterwards
+    inherits it, and a busy real-time process starves the machine (SVT-AV1 did this as root: a headless Chromium
+    then spun at FIFO 99 and held both cores of CI until its deadline; ``vla.runtime.undo_realtime``). Such a test
+    fails, and the process is put back to normal scheduling for the next one."""
+    yield
+    if not hasattr(os, "sched_getscheduler"):
+        return
+    from vla.runtime import realtime, undo_realtime
+
+    if realtime(os.sched_getscheduler(0)):
+        undo_realtime((os.SCHED_OTHER, 0))
+        pytest.fail(
+            "this test left the pytest process real-time (SCHED_FIFO/RR): see vla.runtime.undo_realtime"
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -51,16 +51,18 @@ def _chromium() -> str:
 
 # Chromium runs under a small init: a Python process that is a Linux child subreaper (Chromium's orphaned helpers
 # come back to it, not to the pytest worker, which is one too: tests/conftest.py), starts the browser in a process
-# group of its own, reaps every exit at once, and once the browser has exited kills and reaps what is left of its
-# group. A hung Chromium (seen in a workspace run: helpers spinning in the kernel, pytest-timeout not ending it;
-# CI's run of the same commit ended at make's deadline) fails this test after BROWSER_TIMEOUT s instead of hanging
-# the run: the init's whole session is killed and nothing is waited on further.
+# group of its own with normal scheduling, reaps every exit at once, and once the browser has exited kills and
+# reaps what is left of its group. Chromium once hung a run: started from a pytest worker that SVT-AV1 had made
+# real-time (SCHED_FIFO 99, see vla.runtime.undo_realtime), it spun at that priority on both cores, so neither
+# pytest-timeout nor anything else ran until make's deadline. Now a browser that does not finish fails this test
+# after BROWSER_TIMEOUT s: the init's whole session is killed and nothing is waited on further.
 BROWSER_INIT = """
 import ctypes, os, signal, sys, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
 browser = os.fork()
 if browser == 0:
     os.setpgid(0, 0)
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # never real-time, whatever the caller is
     os.execv(sys.argv[1], sys.argv[1:])
 try:
     os.setpgid(browser, browser)  # also here: no race with the child's own call

@@ -69,6 +69,32 @@ def v3_av1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ---- video ------------------------------------------------------------------------------------------------
+def test_av1_encoding_leaves_no_thread_real_time(tmp_path: Path) -> None:
+    """Run as root, SVT-AV1 makes the thread that opens the encoder and its own threads SCHED_FIFO 99 (checked here
+    on raw PyAV first, in a child process); ``VideoEncoder`` puts every such thread back, so processes started
+    afterwards (a browser, a loader worker) are not real-time."""
+    if os.geteuid() != 0 or not hasattr(os, "sched_getscheduler"):
+        pytest.skip("SVT-AV1 raises scheduling priority only when run as root on Linux")
+    probe = """
+import os, sys, av, numpy as np
+out = av.open(sys.argv[1], "w")
+s = out.add_stream("libsvtav1", rate=10, options={"preset": "12", "svtav1-params": "lp=1"})
+s.width = s.height = 32
+s.pix_fmt = "yuv420p"
+out.mux(s.encode(av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), format="rgb24")))
+print(os.sched_getscheduler(0))
+"""
+    raw = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "raw.mp4")], capture_output=True, text=True,
+                         env={**os.environ, "SVT_LOG": "1"}, timeout=120, check=True)  # fmt: skip
+    if int(raw.stdout.split()[-1]) not in (os.SCHED_FIFO, os.SCHED_RR):
+        pytest.skip("this PyAV build's AV1 encoder does not raise scheduling priority")
+    from vla.runtime import realtime
+
+    video.encode_video(np.zeros((3, 32, 32, 3), np.uint8), tmp_path / "ours.mp4", 10, vcodec="av1")
+    left = {t: os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")}
+    assert not any(realtime(p) for p in left.values()), left
+
+
 def test_encoders_available() -> None:
     assert video.available_encoder("av1") in video.ENCODERS["av1"]
     assert video.available_encoder("h264") in video.ENCODERS["h264"]

@@ -19,6 +19,8 @@ AMD EPYC 7001 "Zen 1" VMs this project also runs on) emulate it, measured 30-80x
 1024x1024 matmuls), so bf16 weights or bf16 autocast make every model slower by about that much. ``vla serve``
 leaves bf16 out of its mode trials there (a single trial of it took minutes), and ``vla train`` warns when asked
 for bf16 there.
+
+``undo_realtime``: puts back threads that a library made real-time (SVT-AV1 does, run as root: see there).
 """
 
 from __future__ import annotations
@@ -102,3 +104,42 @@ def cpu_bf16_slowdown(n: int = 256, repeats: int = 5) -> float:
 def cpu_emulates_bf16() -> bool:
     """Whether this CPU runs bf16 matmuls far slower than fp32 (``cpu_bf16_slowdown``; no AMX / AVX-512 BF16)."""
     return cpu_bf16_slowdown() > BF16_EMULATED_SLOWDOWN
+
+
+# ---- real-time scheduling that libraries raise behind our back ----
+_SCHED_RESET_ON_FORK = 0x40000000  # <linux/sched.h>: a flag bit OR-ed into the policy
+
+
+def scheduling() -> tuple[int, int] | None:
+    """The calling thread's scheduling policy and priority (None where the OS has no such calls)."""
+    if not hasattr(os, "sched_getscheduler"):
+        return None
+    return os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+
+
+def realtime(policy: int) -> bool:
+    return policy & ~_SCHED_RESET_ON_FORK in (os.SCHED_FIFO, os.SCHED_RR)
+
+
+def undo_realtime(before: tuple[int, int] | None) -> int:
+    """Put every thread of this process that is real-time now back to ``before`` (``scheduling()`` of the caller
+    before a library call), unless ``before`` was real-time itself (a user's ``chrt``). Returns how many.
+
+    SVT-AV1 (PyAV's AV1 encoder, LeRobot's default codec), run as root (as in most containers), switches the thread
+    that opens the encoder and its own worker threads to SCHED_FIFO at priority 99, and leaves them so. Every
+    process started from that thread afterwards inherits it: a busy real-time process is never preempted by normal
+    ones, so on a small machine it starves everything else (seen: a headless Chromium spinning at FIFO 99 held both
+    cores of a CI machine until its deadline; a training run after ``vla sim generate`` in one process would run
+    real-time too)."""
+    if before is None or realtime(before[0]):
+        return 0
+    undone = 0
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        try:
+            if realtime(os.sched_getscheduler(tid)):
+                os.sched_setscheduler(tid, before[0], os.sched_param(before[1]))
+                undone += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    return undone

@@ -19,6 +19,8 @@ from typing import Any
 import av
 import numpy as np
 
+from vla.runtime import scheduling, undo_realtime
+
 # SVT-AV1 prints a banner per encoder to stderr unless told otherwise (read by the library at encoder init).
 os.environ.setdefault("SVT_LOG", "1")
 
@@ -56,7 +58,9 @@ def encoder_options(
     SVT-AV1 (v4.1 in PyAV 18's wheels) runs on one logical processor (``lp=1``): with its default thread pool it
     deadlocked now and then (all its threads waiting, ``avcodec_send_frame`` never returning) on a loaded 2-core
     CPU, twice in ~2,400 encodes of a 90-frame 64x96 clip, against none in 3,000 with ``lp=1``; the bytes are the
-    same either way (tested), the encode ~1.5x slower at that size.
+    same either way (tested), the encode ~1.5x slower at that size. Run as root, SVT-AV1 also makes the calling
+    thread and its own threads real-time (SCHED_FIFO 99); ``VideoEncoder`` puts them back
+    (``vla.runtime.undo_realtime``).
     """
     opts = {"g": str(gop), "crf": str(crf)}
     if encoder == "libx264":
@@ -95,6 +99,7 @@ class VideoEncoder:
         self._stream = self._container.add_stream(self.encoder, rate=self._rate, options=self.options)
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
         self.num_frames = 0
+        self._scheduling = scheduling()  # the encoder opens at the first frame; SVT-AV1 may raise it then
 
     def write(self, image: np.ndarray) -> None:
         if image.shape != (self.height, self.width, 3) or image.dtype != np.uint8:
@@ -105,11 +110,14 @@ class VideoEncoder:
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         frame.pts, frame.time_base = self.num_frames, 1 / self._rate
         self._container.mux(self._stream.encode(frame))
+        if self.num_frames == 0:
+            undo_realtime(self._scheduling)
         self.num_frames += 1
 
     def close(self) -> None:
         self._container.mux(self._stream.encode(None))
         self._container.close()
+        undo_realtime(self._scheduling)
 
 
 def encode_video(
