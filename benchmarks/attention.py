@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Which attention kernel a bf16 training step on the CPU should use (one JSON line): PyTorch's SDPA, the explicit
-grouped-query form (``vla.models.attention.grouped_attention``) and SDPA on float32 copies (``sdpa_fp32``; the
-kernels of ``vla.models.attention.attend``), forward + backward, at the action expert's and the backbone's shapes
-of the ``bench_smolvla`` config, in bf16 autocast and in fp32 (where ``sdpa_fp32`` is ``sdpa``, so it is left out).
+"""Which attention kernel the CPU should use (one JSON line): PyTorch's SDPA, the explicit three-op grouped-query
+form (``vla.models.attention.grouped_attention``) and SDPA on float32 copies (``sdpa_fp32``; the kernels of
+``vla.models.attention.attend``) at the ``bench_smolvla`` config's real layouts (9 query heads over 3 KV heads of
+width 64 in the backbone and the expert; a prefix of 2 cameras x 49 tokens + 48 prompt tokens):
 
-``SharedKVLayer._attend`` takes the explicit form for bf16 training on the CPU because SDPA's backward was measured
-~3x slower there on an AMX Xeon. This script checks that choice on the machine at hand (CPU families differ: AMX
-Xeons, AVX-512-BF16 EPYCs), so the claim is measured on each family rather than assumed. Runs interleave the two
-kernels (A B C C B A ...) so a shared machine's load hits them alike; medians are reported.
+* ``training``: forward + backward at batch 8, in bf16 autocast and in fp32 (where ``sdpa_fp32`` is ``sdpa``, so
+  it is left out), for the expert's chunk pass (50 queries over prefix + state + chunk), its one-token state pass
+  (the ``-short`` layout training records separately) and the backbone's prefix;
+* ``inference``: forward only without a gradient, bf16 and fp32 tensors, batch 1 and 8, ``sdpa`` and ``explicit``
+  (``prepare_inference(attention=)``, which ``vla serve`` measures).
+
+Training measures its kernel per layout and ``vla serve`` its inference kernel, because CPU families disagree (AMX
+Xeons, AVX-512-BF16 EPYCs); this script shows the numbers behind those choices on the machine at hand. Runs
+interleave the kernels (A B C C B A ...) so a shared machine's load hits them alike; medians are reported.
 
     .venv/bin/python benchmarks/attention.py [--iters 20] [--threads 2] [--out FILE.json]
 """
@@ -25,22 +30,32 @@ from train import cpu_model
 
 from vla.models.attention import KERNELS, attend
 
-# bench_smolvla (SmolVLM text config): 15 query heads over 5 KV heads of width 64; the 0.75-wide expert 9 over 3
-# (the layout training records, "9x3x64"); expert queries = 1 state + 50 actions over prefix (2 cameras x 64
-# tokens + 48 prompt tokens) + their own 51; backbone queries = the prefix.
+# bench_smolvla: 9 query heads over 3 KV heads of width 64 (the layout training records, "9x3x64"); the prefix is
+# 2 cameras x 49 tokens + 48 prompt tokens; the expert's state token attends over the prefix and itself, its 50
+# action queries over the prefix, the state and themselves.
+PREFIX = 2 * 49 + 48
+LAYOUT = {"heads": 9, "kv_heads": 3, "head_dim": 64}
 SHAPES = {
-    "expert": {"batch": 8, "heads": 9, "kv_heads": 3, "q_len": 51, "k_len": 176 + 51, "head_dim": 64},
-    "backbone": {"batch": 8, "heads": 15, "kv_heads": 5, "q_len": 176, "k_len": 176, "head_dim": 64},
+    "expert_chunk": {"batch": 8, **LAYOUT, "q_len": 50, "k_len": PREFIX + 1 + 50},
+    "expert_state": {"batch": 8, **LAYOUT, "q_len": 1, "k_len": PREFIX + 1},
+    "backbone": {"batch": 8, **LAYOUT, "q_len": PREFIX, "k_len": PREFIX},
 }
+INFERENCE_SHAPES = ("expert_chunk", "backbone")
+INFERENCE_KERNELS = ("sdpa", "explicit")
 
 
-def inputs(shape: dict, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def inputs(
+    shape: dict, seed: int = 0, *, grad: bool = True, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, ...]:
+    """q ``[B, H, Tq, d]``, k/v ``[B, KV, Tk, d]`` and a mask ``[B, 1, Tq, Tk]``: every query sees the keys before
+    its own block, and its own block causally (the model's masks differ per pass; the kernels' cost does not)."""
     g = torch.Generator().manual_seed(seed)
     b, h, kv, t, s, d = (shape[k] for k in ("batch", "heads", "kv_heads", "q_len", "k_len", "head_dim"))
-    q = torch.randn(b, h, t, d, generator=g, requires_grad=True)
-    k = torch.randn(b, kv, s, d, generator=g, requires_grad=True)
-    v = torch.randn(b, kv, s, d, generator=g, requires_grad=True)
+    q = torch.randn(b, h, t, d, generator=g).to(dtype).requires_grad_(grad)
+    k = torch.randn(b, kv, s, d, generator=g).to(dtype).requires_grad_(grad)
+    v = torch.randn(b, kv, s, d, generator=g).to(dtype).requires_grad_(grad)
     mask = torch.ones(b, 1, t, s, dtype=torch.bool)
+    mask[..., s - t :] = torch.ones(t, t, dtype=torch.bool).tril()
     return q, k, v, mask
 
 
@@ -65,11 +80,30 @@ def measure(shape: dict, dtype: torch.dtype, iters: int) -> dict:
             if i >= 2:
                 times[kind].append(dt)
     med = {kind: statistics.median(ts) for kind, ts in times.items()}
+    return _summary(med)
+
+
+def _summary(med: dict[str, float]) -> dict:
     return {
         "median_ms": {kind: 1e3 * m for kind, m in med.items()},
         "speedup_over_sdpa": {kind: med["sdpa"] / m for kind, m in med.items() if kind != "sdpa"},
         "faster": min(med, key=med.get),
     }
+
+
+def measure_inference(shape: dict, batch: int, dtype: torch.dtype, iters: int) -> dict:
+    """Median forward time of each inference kernel, no gradient, ``dtype`` tensors (a served model's)."""
+    q, k, v, mask = inputs({**shape, "batch": batch}, grad=False, dtype=dtype)
+    scale = q.shape[-1] ** -0.5
+    times: dict[str, list[float]] = {kind: [] for kind in INFERENCE_KERNELS}
+    with torch.inference_mode():
+        for i in range(iters + 2):
+            for kind in INFERENCE_KERNELS if i % 2 == 0 else INFERENCE_KERNELS[::-1]:
+                t0 = time.perf_counter()
+                attend(kind, q, k, v, mask, scale)
+                if i >= 2:
+                    times[kind].append(time.perf_counter() - t0)
+    return _summary({kind: statistics.median(ts) for kind, ts in times.items()})
 
 
 def main() -> None:
@@ -89,11 +123,19 @@ def main() -> None:
         "iters": args.iters,
         "torch": torch.__version__,
         "results": {},
+        "inference": {},
     }
+    tag = {torch.bfloat16: "bf16", torch.float32: "fp32"}
     for name, shape in SHAPES.items():
         for dtype in (torch.bfloat16, torch.float32):
-            key = f"{name}_{'bf16' if dtype == torch.bfloat16 else 'fp32'}"
-            res["results"][key] = {"shape": shape, **measure(shape, dtype, args.iters)}
+            res["results"][f"{name}_{tag[dtype]}"] = {"shape": shape, **measure(shape, dtype, args.iters)}
+    for name in INFERENCE_SHAPES:
+        for batch in (1, 8):
+            for dtype in (torch.bfloat16, torch.float32):
+                res["inference"][f"{name}_b{batch}_{tag[dtype]}"] = {
+                    "shape": {**SHAPES[name], "batch": batch},
+                    **measure_inference(SHAPES[name], batch, dtype, args.iters),
+                }
     res["load_average_at_end"] = os.getloadavg()
     emit(res, args.out)
 
