@@ -5,8 +5,9 @@ form (``vla.models.attention.grouped_attention``) and SDPA on float32 copies (``
 width 64 in the backbone and the expert; a prefix of 2 cameras x 49 tokens + 48 prompt tokens):
 
 * ``training``: forward + backward at batch 8, in bf16 autocast and in fp32 (where ``sdpa_fp32`` is ``sdpa``, so
-  it is left out), for the expert's chunk pass (50 queries over prefix + state + chunk), its one-token state pass
-  (the ``-short`` layout training records separately) and the backbone's prefix;
+  it is left out), for the expert's chunk pass (the state and 50 actions over the prefix and themselves), the one-query
+  pass a frozen backbone trains its embodiment token with (the ``-short`` layout training records separately) and
+  the backbone's prefix;
 * ``inference``: forward only without a gradient, bf16 and fp32 tensors, batch 1 and 8, ``sdpa`` and ``explicit``
   (``prepare_inference(attention=)``, which ``vla serve`` measures).
 
@@ -30,14 +31,14 @@ from train import cpu_model
 
 from vla.models.attention import KERNELS, attend
 
-# bench_smolvla: 9 query heads over 3 KV heads of width 64 (the layout training records, "9x3x64"); the prefix is
-# 2 cameras x 49 tokens + 48 prompt tokens; the expert's state token attends over the prefix and itself, its 50
-# action queries over the prefix, the state and themselves.
-PREFIX = 2 * 49 + 48
+# bench_smolvla as benchmarks/train.py runs it (shapes read off its attention calls): 9 query heads over 3 KV heads
+# of width 64 (the layout training records, "9x3x64"); a prefix of 114 tokens (2 cameras x 49 image tokens, the
+# prompt, the embodiment token); the expert's 51 queries (state + 50 actions) over the prefix and themselves.
+PREFIX = 114
 LAYOUT = {"heads": 9, "kv_heads": 3, "head_dim": 64}
 SHAPES = {
-    "expert_chunk": {"batch": 8, **LAYOUT, "q_len": 50, "k_len": PREFIX + 1 + 50},
-    "expert_state": {"batch": 8, **LAYOUT, "q_len": 1, "k_len": PREFIX + 1},
+    "expert_chunk": {"batch": 8, **LAYOUT, "q_len": 51, "k_len": PREFIX + 51},
+    "embodiment_token": {"batch": 8, **LAYOUT, "q_len": 1, "k_len": PREFIX},
     "backbone": {"batch": 8, **LAYOUT, "q_len": PREFIX, "k_len": PREFIX},
 }
 INFERENCE_SHAPES = ("expert_chunk", "backbone")

@@ -198,7 +198,7 @@ def _loader_startup(r: dict) -> list[Row]:
 def _attention(r: dict) -> list[Row]:
     rows = []
     # the expert is what a frozen-backbone step trains ("expert" in results from before its two passes were split)
-    for part in ("expert_chunk", "expert_state", "expert", "backbone"):
+    for part in ("expert_chunk", "embodiment_token", "expert", "backbone"):
         ms = _get(r, "results", f"{part}_bf16", "median_ms") or {}
         if not ms:
             continue

@@ -218,8 +218,8 @@ def batching_bound(result: dict, threads: int) -> dict:
     """How much micro-batching can gain on this machine, from the same run: the FLOPs of one chunk (counted by
     ``benchmarks/model.py``'s infer child, fp32 eager, the same ``bench_smolvla`` model), the matmul peak of the
     serving mode's dtype (its peak child), and the time of one chunk at batch 1 and per chunk at batch 8 in the
-    micro-batching server's mode (its warm-up trials; with a fixed ``--dtype`` the server runs none, and the
-    in-process p50 and the 8-client throughput stand in).
+    micro-batching server's mode (its warm-up trials, the kept mode's; with a fixed ``--dtype`` and ``--attention``
+    the server runs none, and the in-process p50 and the 8-client throughput stand in).
 
     ``inside_model_gain_8``: batch-1 time over per-chunk time at batch 8. ``ceiling``: the gain if a batch ran at
     the matmul peak (peak FLOP/s over batch 1's), an upper bound no batching exceeds on this CPU.

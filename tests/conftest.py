@@ -120,6 +120,13 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+_START_SCHEDULING = (  # this process's scheduling policy and priority at start (tests must leave it so)
+    (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
+    if hasattr(os, "sched_getscheduler")
+    else None
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _RUNS_TESTS
     _RUNS_TESTS = hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None)
@@ -173,14 +180,15 @@ def _not_real_time() -> Iterator[None]:
     """A test must not leave the pytest process real-time (SCHED_FIFO/RR): every process it starts afterwards
     inherits it, and a busy real-time process starves the machine (SVT-AV1 did this as root: a headless Chromium
     then spun at FIFO 99 and held both cores of CI until its deadline; ``vla.runtime.undo_realtime``). Such a test
-    fails, and the process is put back to normal scheduling for the next one."""
+    fails, and the process is put back to normal scheduling for the next one (unless pytest itself was started
+    real-time, e.g. under ``chrt``: then nothing is checked)."""
     yield
-    if not hasattr(os, "sched_getscheduler"):
+    if _START_SCHEDULING is None:
         return
     from vla.runtime import realtime, undo_realtime
 
-    if realtime(os.sched_getscheduler(0)):
-        undo_realtime((os.SCHED_OTHER, 0))
+    if not realtime(_START_SCHEDULING[0]) and realtime(os.sched_getscheduler(0)):
+        undo_realtime(_START_SCHEDULING)
         pytest.fail(
             "this test left the pytest process real-time (SCHED_FIFO/RR): see vla.runtime.undo_realtime"
         )

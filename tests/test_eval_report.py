@@ -62,7 +62,9 @@ ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
 browser = os.fork()
 if browser == 0:
     os.setpgid(0, 0)
-    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # never real-time, whatever the caller is
+    # never real-time, whatever the caller is (0x40000000: the SCHED_RESET_ON_FORK flag bit)
+    if os.sched_getscheduler(0) & ~0x40000000 in (os.SCHED_FIFO, os.SCHED_RR):
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     os.execv(sys.argv[1], sys.argv[1:])
 try:
     os.setpgid(browser, browser)  # also here: no race with the child's own call
@@ -77,11 +79,20 @@ while True:
     if pid == browser:
         code, deadline = os.waitstatus_to_exitcode(status), time.monotonic() + 5
     if pid == 0:
-        if deadline is not None and time.monotonic() > deadline:
-            try:
-                os.killpg(browser, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if deadline is not None and time.monotonic() > deadline:  # the browser is gone: so is what it left
+            left = [browser]  # its process group, and every child of ours (a helper in a session of its own)
+            for stat in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    text = open(f"/proc/{stat}/stat").read()
+                except (OSError, ValueError):
+                    continue
+                if text[text.rindex(")") + 2 :].split()[1] == str(os.getpid()):
+                    left.append(-int(stat))
+            for target in left:
+                try:
+                    os.killpg(target, signal.SIGKILL) if target > 0 else os.kill(-target, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             deadline = time.monotonic() + 5
         time.sleep(0.05)
 sys.exit(code if code is not None and code >= 0 else 1)
@@ -104,7 +115,8 @@ def _run_browser(exe: str, args: list[str], tmp: Path) -> str:
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        _kill_session(init)
+        if code is None:
+            _kill_session(init)
     stderr = err.read_text(errors="replace")[-2000:]
     if code is None:
         pytest.fail(f"Chromium did not finish in {BROWSER_TIMEOUT} s (killed): {' '.join(cmd)}\n{stderr}")
@@ -114,8 +126,8 @@ def _run_browser(exe: str, args: list[str], tmp: Path) -> str:
 
 
 def _kill_session(init: subprocess.Popen) -> None:
-    """SIGKILL every process of ``init``'s session (after a normal exit: none) and reap ``init``, waiting at most
-    10 s: a process stuck in the kernel is left behind and named rather than hanging the run."""
+    """SIGKILL every process of ``init``'s session and reap ``init`` (a browser that did not finish), waiting at
+    most 10 s: a process stuck in the kernel is left behind and named rather than hanging the run."""
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if os.getsid(int(entry.name)) == init.pid:
@@ -133,7 +145,8 @@ def _browser_check(exe: str, page: Path, tmp: Path) -> dict:
     stdout = _run_browser(exe, ["--virtual-time-budget=15000", "--proxy-server=127.0.0.1:9", "--dump-dom",
                                 probe.as_uri()], tmp)  # fmt: skip
     start = stdout.find('data-check="')
-    assert start >= 0, f"the checker did not run: {stdout[-2000:]}"
+    stderr = (tmp / "chromium.stderr").read_text(errors="replace")
+    assert start >= 0, f"the checker did not run: {stdout[-1000:]}\nChromium's stderr: {stderr[-2000:]}"
     value = stdout[start + len('data-check="') :].split('"', 1)[0]
     return json.loads(html.unescape(value))
 

@@ -85,7 +85,9 @@ out.mux(s.encode(av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), for
 print(os.sched_getscheduler(0))
 """
     raw = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "raw.mp4")], capture_output=True, text=True,
-                         env={**os.environ, "SVT_LOG": "1"}, timeout=120, check=True)  # fmt: skip
+                         env={**os.environ, "SVT_LOG": "1"}, timeout=120)  # fmt: skip
+    if raw.returncode != 0:
+        pytest.skip(f"this PyAV build cannot encode with libsvtav1: {raw.stderr.strip()[-300:]}")
     if int(raw.stdout.split()[-1]) not in (os.SCHED_FIFO, os.SCHED_RR):
         pytest.skip("this PyAV build's AV1 encoder does not raise scheduling priority")
     from vla.runtime import realtime

@@ -88,6 +88,7 @@ class VideoEncoder:
         crf: int = DEFAULT_CRF,
         preset: int | str | None = None,
     ) -> None:
+        self._scheduling = scheduling()  # before PyAV opens anything: SVT-AV1 may make this thread real-time
         self.path, self.height, self.width = Path(path), height, width
         if height % 2 or width % 2:
             raise ValueError(f"{self.path}: yuv420p video needs even height and width, got {height}x{width}")
@@ -99,7 +100,6 @@ class VideoEncoder:
         self._stream = self._container.add_stream(self.encoder, rate=self._rate, options=self.options)
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
         self.num_frames = 0
-        self._scheduling = scheduling()  # the encoder opens at the first frame; SVT-AV1 may raise it then
 
     def write(self, image: np.ndarray) -> None:
         if image.shape != (self.height, self.width, 3) or image.dtype != np.uint8:
@@ -109,15 +109,19 @@ class VideoEncoder:
             )
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         frame.pts, frame.time_base = self.num_frames, 1 / self._rate
-        self._container.mux(self._stream.encode(frame))
-        if self.num_frames == 0:
-            undo_realtime(self._scheduling)
+        try:
+            self._container.mux(self._stream.encode(frame))
+        finally:
+            if self.num_frames == 0:  # the encoder opened here (SVT-AV1 starts its threads)
+                undo_realtime(self._scheduling)
         self.num_frames += 1
 
     def close(self) -> None:
-        self._container.mux(self._stream.encode(None))
-        self._container.close()
-        undo_realtime(self._scheduling)
+        try:
+            self._container.mux(self._stream.encode(None))
+            self._container.close()
+        finally:
+            undo_realtime(self._scheduling)
 
 
 def encode_video(

@@ -9,8 +9,9 @@ through its module call, so module hooks fire: FSDP2's per-layer unshard/reshard
 activation checkpointing wraps the layer's body inside ``forward``, under those hooks.
 
 Works for the Llama family (SmolVLM's text model), Gemma (PaliGemma) and Gemma2 (PaliGemma2: extra sandwich norms,
-attention logit soft-capping). Attention is SDPA (grouped-query without repeating K/V) unless soft-capping needs the
-explicit form.
+attention logit soft-capping). Attention is SDPA (grouped-query without repeating K/V) or the explicit three-op form
+(``grouped_attention``, the only one with soft-capping): bf16 training on the CPU measures the faster kernel per
+layout, serving sets one per model (``prepare_inference(attention=)``, measured by ``vla serve``).
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ log = logging.getLogger(__name__)
 KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
 KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 #: Kernels of inference (no gradient), set per model by ``prepare_inference(attention=)``: ``sdpa`` (default) or
-#: ``explicit``; in bf16 on an AVX-512-BF16 EPYC the explicit three-op form took 0.4x SDPA's time at the expert's
-#: shapes (``benchmarks/attention.py``), so ``vla serve`` measures both.
+#: ``explicit``; in bf16 on an AVX-512-BF16 EPYC ("Zen 4") the explicit three-op form took 0.56x SDPA's time for the
+#: expert's chunk at batch 8 but 0.9x at batch 1, and the whole chunk barely moved (``benchmarks/attention.py``,
+#: ``benchmarks/serve.py``): the gain depends on the CPU and batch, so ``vla serve`` measures both.
 INFERENCE_ATTENTION = ("sdpa", "explicit")
-#: Calls of at most this many queries (the expert's one-token state pass) are a layout of their own: the fastest
-#: kernel there is not the fastest for the 50-token chunk pass of the same heads (measured on an AVX-512-BF16 EPYC:
-#: SDPA on float32 copies 0.33 ms against the explicit form's 0.45 ms for one query, but 5.2 ms against 2.3 ms for
-#: 50 queries), and a layout is measured on its first call, which is the short one.
-SHORT_QUERY = 8
+#: Calls of at most this many queries are a layout of their own: a frozen backbone trains its embodiment token in
+#: one-query passes (``VLMBackbone.refresh_summary_token``) of the same heads as the expert's chunk pass, and the
+#: fastest kernel there is not the fastest for the chunk (measured on an AVX-512-BF16 EPYC "Zen 4", forward +
+#: backward at batch 8: SDPA on float32 copies 0.76 ms against the explicit form's 1.11 ms for one query, but 7.7 ms
+#: against 4.6 ms for 51); a layout is measured on its first call, which is the one-query one. One query only, so
+#: that a short action chunk is not measured on that pass either.
+SHORT_QUERY = 1
 Layout = tuple[int, int, int, bool]  # (query heads, kv heads, head dim, at most SHORT_QUERY queries)
 _chosen: dict[Layout, str] = {}  # measured, pinned per layout or restored: once per process, recorded
 _implied: dict[
@@ -169,9 +173,10 @@ def _cpu_bf16_kernel(
 ) -> str:
     """The faster attention kernel of a bf16 forward + backward on this CPU, measured once per head layout.
 
-    CPU families disagree: on an AMX Xeon SDPA's bf16 backward took ~3x the explicit grouped form at the expert's
-    shapes, on an AVX-512-BF16 EPYC (no AMX) the explicit form took ~3x SDPA's, and SDPA in float32 ~0.5x its bf16
-    self (``benchmarks/attention.py``), so the choice is measured here, on copies of the first inputs, and logged.
+    CPU families and shapes disagree (``benchmarks/attention.py``): on an AMX Xeon SDPA's bf16 backward took ~3x
+    the explicit grouped form at the expert's shapes; on an AVX-512-BF16 EPYC (no AMX) the three-op explicit form
+    took 0.35x SDPA's time for the expert's chunk pass while SDPA on float32 copies won the one-query pass. So
+    the choice is measured here, on copies of the first inputs, and logged.
     Calls of at most ``SHORT_QUERY`` queries are measured as a layout of their own."""
     global _env_used
     env = env_kernel()
@@ -243,22 +248,25 @@ def grouped_attention(
     KV head ``h // (H / KV)``).
 
     Three ops: one ``baddbmm`` (the mask as an additive bias of the dtype's lowest value, the scale as ``alpha``),
-    the softmax, one ``bmm``, all in the compute dtype (the input's, or autocast's). In bf16 on the CPU this beats
-    SDPA's fused kernel at the model's shapes, forward and backward (``benchmarks/attention.py``), where casting to
-    float32 around the softmax (the former form) cost more than the matmuls. Logits are rounded to the compute dtype,
-    as in HF's eager attention; a row with no key allowed gets uniform weights, as there. Logit soft-capping
-    (Gemma2) keeps a form with float32 softmax."""
+    the softmax, one ``bmm``, all in the compute dtype (the input's, or autocast's). In bf16 on AVX-512-BF16 EPYCs
+    this beat SDPA's fused kernel at the model's longer shapes, forward and backward (``benchmarks/attention.py``;
+    not at every shape and CPU, hence the measurements), where casting to float32 around the softmax (the former
+    form) cost more than the matmuls. Logits are rounded to the compute dtype, as in HF's eager attention; a row
+    with no key allowed gets uniform weights, as there. Logit soft-capping (Gemma2) and float16 (where the lowest
+    value plus a negative logit overflows to -inf, and a row with no key allowed would be NaN) keep a form that
+    masks with ``masked_fill`` and takes the softmax in float32."""
     b, h, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
     g = h // kv
-    if softcap:
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    if softcap or dtype == torch.float16:
         logits = torch.matmul(q.reshape(b, kv, g * t, d), k.transpose(-1, -2)) * scale
-        logits = torch.tanh(logits / softcap) * softcap
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
         logits = logits.view(b, kv, g, t, s).masked_fill(~mask[:, :, None], torch.finfo(logits.dtype).min)
         probs = torch.softmax(logits.float(), dim=-1).to(q.dtype).view(b, kv, g * t, s)
         return torch.matmul(probs, v).view(b, h, t, d)
-    device = q.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
     bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill_(~mask, torch.finfo(dtype).min)
     bias = bias[:, :, None].expand(b, kv, g, t, s).reshape(b * kv, g * t, s)
     logits = torch.baddbmm(

@@ -52,8 +52,7 @@ class ServingGraphs(nn.Module):
         if attention not in INFERENCE_ATTENTION:
             raise ValueError(f"attention must be one of {INFERENCE_ATTENTION}, got {attention!r}")
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        self._drop_compiled()
-        self.backbone.drop_frozen_compiled()  # training's graphs froze other weights (and dtype)
+        self.release_serving_graphs()
         # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at
         # position 600): keep them float32, as HF computes them in float32 whatever the model dtype.
         rope = [
@@ -69,6 +68,12 @@ class ServingGraphs(nn.Module):
         if compile:
             self._compile_serving()
         return self
+
+    def release_serving_graphs(self) -> None:
+        """Drop every compiled graph that froze this model's weights (serving's, and training's frozen backbone):
+        each holds a copy of the weights it froze."""
+        self._drop_compiled()
+        self.backbone.drop_frozen_compiled()  # training's graphs froze other weights (and dtype)
 
     def _compile_serving(self) -> None:
         self._drop_compiled()

@@ -6,7 +6,7 @@ Modules, one job each:
 - ``json_numpy``  numpy arrays in JSON (the json-numpy convention of OpenVLA's REST deploy script)
 - ``requests``    request keys (canonical, openpi LIBERO/DROID/ALOHA, OpenVLA) -> ``Observation``; request limits
 - ``batching``    ``MicroBatcher``: requests of concurrent clients batched on a model thread, off the event loop
-- ``modes``       serving-mode selection at warm-up (fp32/bf16 x eager/compiled, timed on this machine)
+- ``modes``       serving-mode selection at warm-up (fp32/bf16 x eager/compiled x attention kernel, timed here)
 - ``security``    API key file and constant-time ``Authorization: Api-Key`` check
 - ``metrics``     Prometheus metrics of one server
 - ``server``      the Starlette/uvicorn app: WebSocket, ``POST /act``, ``/healthz``, ``/metadata``, ``/metrics``

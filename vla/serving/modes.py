@@ -10,8 +10,8 @@ candidate whose chunk differs from the eager fp32 SDPA chunk (same observations,
 ``tolerance`` (1 %) of that chunk's largest magnitude is refused; the fastest remaining one is kept and logged.
 
 An attention kernel left open is measured without a second compile: eager modes are timed with both kernels, and a
-compiled mode takes the kernel that won the eager trials of its dtype (both only where no eager trial of its dtype
-runs). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts from the
+compiled mode takes the kernel that won the eager trials of its dtype (both where no eager trial of its dtype ran or
+was accepted). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts from the
 weights as loaded (``prepare_inference`` casts in place: without that, a float32 trial after a bf16 one would run
 bf16-rounded weights).
 """
@@ -128,8 +128,8 @@ def select_mode(
     tolerance: float = 0.01,
 ) -> tuple[Mode, list[Trial]]:
     """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A mode whose attention is
-    None is timed with both kernels where eager, and with the winner of its dtype's eager trials where compiled
-    (both when none ran); a soft-capped model runs the explicit form only. A single mode with its kernel set is only
+    None is timed with both kernels where eager, and with the winner of its dtype's accepted eager trials where
+    compiled (both when there is none); a soft-capped model runs the explicit form only. A single mode with its kernel set is only
     prepared and warmed up (nothing to compare)."""
     batch_sizes = sorted(set(batch_sizes))
     if softcapped(policy):  # only the explicit form has soft-capping: whatever the kernel, it is what runs
@@ -205,13 +205,16 @@ class _LoadedWeights:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.params: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
-        self.buffers: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+        self.buffers: dict[
+            int, tuple[list[tuple[torch.nn.Module, str]], torch.Tensor]
+        ] = {}  # a shared one once
         self.dtypes = {t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
         self.model = model
 
     def prepare(self, policy: Policy, mode: Mode) -> None:
         """Put the loaded weights back (when a cast happened since loading) and prepare ``mode``."""
         if self.params or self.buffers:
+            policy.model.release_serving_graphs()  # the last trial's compiled graphs hold copies of its weights
             self._restore()
         elif self.dtypes - {getattr(torch, mode.dtype)}:  # this trial casts: keep the weights as loaded first
             self._copy()
@@ -224,15 +227,19 @@ class _LoadedWeights:
                     self.params[id(p)] = (p, p.detach().to("cpu", copy=True))
             for name, b in module.named_buffers(recurse=False):
                 if b is not None and b.is_floating_point():
-                    self.buffers.append((module, name, b.detach().to("cpu", copy=True)))
+                    owners, _ = self.buffers.setdefault(id(b), ([], b.detach().to("cpu", copy=True)))
+                    owners.append((module, name))
 
     def _restore(self) -> None:
         with torch.no_grad():
             for p, saved in self.params.values():
                 p.data = saved.to(p.device, copy=True)
-            for module, name, saved in self.buffers:
+            for owners, saved in self.buffers.values():
+                module, name = owners[0]
                 current = module._buffers[name]
-                module._buffers[name] = saved.to(current.device if current is not None else "cpu", copy=True)
+                restored = saved.to(current.device if current is not None else "cpu", copy=True)
+                for module, name in owners:
+                    module._buffers[name] = restored
 
 
 def _time(policy: Policy, batch_sizes: list[int], *, repeats: int) -> dict[int, float]:
