@@ -2,7 +2,8 @@
 """Which attention kernel the CPU should use (one JSON line): PyTorch's SDPA, the explicit three-op grouped-query
 form (``vla.models.attention.grouped_attention``) and SDPA on float32 copies (``sdpa_fp32``; the kernels of
 ``vla.models.attention.attend``) at the ``bench_smolvla`` config's real layouts (9 query heads over 3 KV heads of
-width 64 in the backbone and the expert; a prefix of 2 cameras x 49 tokens + 48 prompt tokens):
+width 64 in the backbone and the expert; a prefix of 114 tokens: 2 cameras x 49 image tokens, the prompt and the
+embodiment token):
 
 * ``training``: forward + backward at batch 8, in bf16 autocast and in fp32 (where ``sdpa_fp32`` is ``sdpa``, so
   it is left out), for the expert's chunk pass (the state and 50 actions over the prefix and themselves), the one-query

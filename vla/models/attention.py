@@ -40,6 +40,14 @@ KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 #: expert's chunk at batch 8 but 0.9x at batch 1, and the whole chunk barely moved (``benchmarks/attention.py``,
 #: ``benchmarks/serve.py``): the gain depends on the CPU and batch, so ``vla serve`` measures both.
 INFERENCE_ATTENTION = ("sdpa", "explicit")
+
+
+def check_inference_attention(kernel: str) -> None:
+    """Refuse an inference kernel not in ``INFERENCE_ATTENTION``, naming the allowed ones."""
+    if kernel not in INFERENCE_ATTENTION:
+        raise ValueError(f"attention must be one of {INFERENCE_ATTENTION}, got {kernel!r}")
+
+
 #: Calls of at most this many queries are a layout of their own: a frozen backbone trains its embodiment token in
 #: one-query passes (``VLMBackbone.refresh_summary_token``) of the same heads as the expert's chunk pass, and the
 #: fastest kernel there is not the fastest for the chunk (measured on an AVX-512-BF16 EPYC "Zen 4", forward +
@@ -49,9 +57,8 @@ INFERENCE_ATTENTION = ("sdpa", "explicit")
 SHORT_QUERY = 1
 Layout = tuple[int, int, int, bool]  # (query heads, kv heads, head dim, at most SHORT_QUERY queries)
 _chosen: dict[Layout, str] = {}  # measured, pinned per layout or restored: once per process, recorded
-_implied: dict[
-    Layout, str
-] = {}  # short layouts an older record's "HxKVxd" covers: used, recorded as it was read
+# short layouts an older record's "HxKVxd" covers: used, recorded as it was read
+_implied: dict[Layout, str] = {}
 _pinned: str | None = None
 _restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
 _env_used: str | None = None  # the environment variable's kernel, once a bf16 CPU attention has run with it

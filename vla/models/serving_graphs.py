@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer
+from vla.models.attention import SharedKVLayer, check_inference_attention
 from vla.models.compiled import frozen_compile, release
 
 if TYPE_CHECKING:
@@ -49,8 +49,7 @@ class ServingGraphs(nn.Module):
         which is faster depends on the CPU and dtype: ``vla serve`` measures) and, with ``compile``, the flow step,
         vision tower and language layers compiled with frozen weights (one-time compile cost). ``train()`` puts
         SDPA back."""
-        if attention not in INFERENCE_ATTENTION:
-            raise ValueError(f"attention must be one of {INFERENCE_ATTENTION}, got {attention!r}")
+        check_inference_attention(attention)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.release_serving_graphs()
         # RoPE frequencies are buffers that .to(dtype) would round to bfloat16 (an angle error of ~1 rad at

@@ -11,9 +11,9 @@ candidate whose chunk differs from the eager fp32 SDPA chunk (same observations,
 
 An attention kernel left open is measured without a second compile: eager modes are timed with both kernels, and a
 compiled mode takes the kernel that won the eager trials of its dtype (both where no eager trial of its dtype ran or
-was accepted). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts from the
-weights as loaded (``prepare_inference`` casts in place: without that, a float32 trial after a bf16 one would run
-bf16-rounded weights).
+was accepted). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts
+from the weights as loaded (``prepare_inference`` casts in place: without that, a float32 trial after a bf16 one
+would run bf16-rounded weights).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer
+from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer, check_inference_attention
 from vla.policy import Policy
 from vla.types import Observation
 
@@ -85,8 +85,8 @@ def candidates(
     on a CPU that emulates it (a bf16 matmul more than ``BF16_EMULATED_SLOWDOWN`` times slower than fp32,
     ``bf16_slowdown``, measured here when None; an AVX2-only AMD EPYC measured 30-80x, where one bf16 trial would
     take minutes and could never win). ``attention`` None leaves the kernel to ``select_mode``."""
-    if attention is not None and attention not in INFERENCE_ATTENTION:
-        raise ValueError(f"attention must be one of {INFERENCE_ATTENTION}, got {attention!r}")
+    if attention is not None:
+        check_inference_attention(attention)
     from vla.runtime import BF16_EMULATED_SLOWDOWN, cpu_bf16_slowdown
 
     dtypes = [dtype] if dtype else ["float32", "bfloat16"]
@@ -129,10 +129,11 @@ def select_mode(
 ) -> tuple[Mode, list[Trial]]:
     """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A mode whose attention is
     None is timed with both kernels where eager, and with the winner of its dtype's accepted eager trials where
-    compiled (both when there is none); a soft-capped model runs the explicit form only. A single mode with its kernel set is only
-    prepared and warmed up (nothing to compare)."""
+    compiled (both when there is none); a soft-capped model runs the explicit form only. A single mode with its
+    kernel set is only prepared and warmed up (nothing to compare)."""
     batch_sizes = sorted(set(batch_sizes))
-    if softcapped(policy):  # only the explicit form has soft-capping: whatever the kernel, it is what runs
+    capped = softcapped(policy)
+    if capped:  # only the explicit form has soft-capping: whatever the kernel, it is what runs
         modes = list(dict.fromkeys(Mode(m.dtype, m.compile, "explicit") for m in modes))
     if len(modes) == 1 and modes[0].attention is not None:
         _prepare(policy, modes[0])
@@ -145,7 +146,7 @@ def select_mode(
     def chunks() -> np.ndarray:
         return np.concatenate([c.actions.ravel() for c in policy.infer_batch(probe, seeds=seeds)])
 
-    reference_mode = Mode("float32", False, "explicit" if softcapped(policy) else "sdpa")
+    reference_mode = Mode("float32", False, "explicit" if capped else "sdpa")
     loaded.prepare(policy, reference_mode)
     reference = chunks()
     scale = float(np.abs(reference).max()) or 1.0
@@ -205,9 +206,8 @@ class _LoadedWeights:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.params: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
-        self.buffers: dict[
-            int, tuple[list[tuple[torch.nn.Module, str]], torch.Tensor]
-        ] = {}  # a shared one once
+        # a buffer shared by several modules once: id -> (its (module, name) owners, the copy)
+        self.buffers: dict[int, tuple[list[tuple[torch.nn.Module, str]], torch.Tensor]] = {}
         self.dtypes = {t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
         self.model = model
 
@@ -227,8 +227,9 @@ class _LoadedWeights:
                     self.params[id(p)] = (p, p.detach().to("cpu", copy=True))
             for name, b in module.named_buffers(recurse=False):
                 if b is not None and b.is_floating_point():
-                    owners, _ = self.buffers.setdefault(id(b), ([], b.detach().to("cpu", copy=True)))
-                    owners.append((module, name))
+                    if id(b) not in self.buffers:
+                        self.buffers[id(b)] = ([], b.detach().to("cpu", copy=True))
+                    self.buffers[id(b)][0].append((module, name))
 
     def _restore(self) -> None:
         with torch.no_grad():
