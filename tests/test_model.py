@@ -425,6 +425,8 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
     # compiled again, with the explicit attention kernel: must not reuse the first graphs
     m.prepare_inference("float32", compile=True, attention="explicit")
     torch.testing.assert_close(sample(m), new, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="compiled serving graphs run the kernel they were compiled with"):
+        m.set_inference_attention("sdpa")  # the graphs were traced with "explicit"
     m.load_state_dict(original)  # hot reload without train(): recompiled on the next call
     torch.testing.assert_close(sample(m), ref, atol=1e-4, rtol=1e-4)
     m.prepare_inference("float32")  # not compiled any more, the backbone included
@@ -453,6 +455,13 @@ def test_inference_attention_kernel_is_set_by_prepare_inference(monkeypatch: pyt
 
     ref = chunk("sdpa")
     torch.testing.assert_close(chunk("explicit"), ref, atol=1e-5, rtol=1e-5)
+    # an eager serving model switches kernels in place (vla serve's interleaved timing), not preparing again
+    m.prepare_inference("float32", attention="sdpa").set_inference_attention("explicit")
+    calls.update(dict.fromkeys(calls, 0))
+    torch.testing.assert_close(m.sample_actions(batch, noise=noise), ref, atol=1e-5, rtol=1e-5)
+    assert m.inference_attention == "explicit" and calls["explicit"] > 0 == calls["sdpa"], calls
+    with pytest.raises(ValueError, match="attention must be one of"):
+        m.set_inference_attention("flash")
     assert (chunk("explicit", "bfloat16") - chunk("sdpa", "bfloat16")).abs().max() < 0.02 * ref.abs().max()
     m.train()
     assert m.inference_attention == "sdpa"

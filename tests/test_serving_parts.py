@@ -513,6 +513,41 @@ def test_an_open_attention_kernel_is_timed_eager_and_compiled_modes_take_the_eag
     assert trials == [] and prepared == [mode] == [Mode("float32", True, "explicit")]
 
 
+def test_eager_attention_kernels_are_timed_interleaved_call_by_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager mode's two kernels are timed alternating call by call (ABBA after a warm-up of each), not one
+    after the other, so drift of a shared machine cannot decide between them; each trial reports its own kernel's
+    median per chunk, and the last trial's kernel is the one left set."""
+    import types
+
+    from vla.serving import modes
+    from vla.serving.modes import Mode, select_mode
+
+    policy = _policy()
+    kernels: list[str] = []
+    real = policy.infer_batch
+
+    def recording(observations: list, **kw: object) -> list:  # a pass-through spy
+        kernels.append(policy.model.inference_attention)
+        return real(observations, **kw)
+
+    monkeypatch.setattr(policy, "infer_batch", recording)
+    now = [0.0]
+
+    def clock() -> (
+        float
+    ):  # each reading advances by the running kernel's cost: a call costs 3 s (SDPA) or 1 s
+        now[0] += 3.0 if policy.model.inference_attention == "sdpa" else 1.0
+        return now[0]
+
+    monkeypatch.setattr(modes, "time", types.SimpleNamespace(perf_counter=clock))
+    _, trials = select_mode(policy, [Mode("float32", False, None)], [1, 2], repeats=4)
+    assert [t.mode for t in trials] == [Mode("float32", False, "sdpa"), Mode("float32", False, "explicit")]
+    assert trials[0].seconds_per_chunk == {1: 3.0, 2: 1.5} and trials[1].seconds_per_chunk == {1: 1.0, 2: 0.5}
+    abba = ["sdpa", "explicit", "explicit", "sdpa"]
+    assert kernels[-20:] == (abba * 2 + abba[:2]) * 2, kernels  # per batch size: warm-up + 4 rounds
+    assert policy.model.inference_attention == "explicit"  # the last trial's mode stays prepared
+
+
 def test_soft_capped_models_are_served_with_the_explicit_kernel_only() -> None:
     from vla.serving.modes import Mode, select_mode, softcapped
 

@@ -102,6 +102,18 @@ class ServingGraphs(nn.Module):
             self._set_inference_attention("sdpa")
         return super().train(mode)
 
+    def set_inference_attention(self, kernel: str) -> None:
+        """Switch the attention kernel of an eager serving model (``prepare_inference(compile=False)``) without
+        preparing it again: ``vla serve`` times the kernels call by call, interleaved. Refused while compiled
+        serving graphs are live (they froze the kernel they were traced with; ``prepare_inference`` recompiles)."""
+        check_inference_attention(kernel)
+        if self._serving_weights is not None:
+            raise ValueError(
+                f"set_inference_attention({kernel!r}): the compiled serving graphs run the kernel they were "
+                f"compiled with; call prepare_inference(..., compile=True, attention={kernel!r}) instead"
+            )
+        self._set_inference_attention(kernel)
+
     def _set_inference_attention(self, kernel: str) -> None:
         for module in self.modules():
             if isinstance(module, SharedKVLayer):
