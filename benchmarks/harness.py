@@ -3,13 +3,16 @@ the peer (LeRobot 0.6.1 in its own venv, ``../shared/peer/``) run side by side, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +88,162 @@ def _peer_python() -> Path | None:
 
 def _peer_missing() -> dict:
     return {"skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"}
+
+
+class Child:
+    """A benchmark child started in a session (process group) of its own, its output to files (a stopped process
+    never blocks on a full pipe); ``result()`` waits and returns the dict it printed after ``RESULT ``."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        name: str,
+        env_extra: dict[str, str] | None = None,
+        steps_done: Callable[[Child], int] | None = None,
+    ) -> None:
+        import tempfile
+
+        # ``steps_done(child)``: training steps it has logged so far (read from its files; see ``time_sliced``)
+        self.name, self.steps_done = name, steps_done or (lambda child: 0)
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-child-"))
+        with open(self.dir / "out", "w") as out, open(self.dir / "err", "w") as err:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=err,
+                env={**os.environ, **CHILD_ENV, **(env_extra or {})},
+                start_new_session=True,
+            )
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to the child's whole process group (its loader workers and subprocesses too)."""
+        with contextlib.suppress(ProcessLookupError):  # the group is gone
+            os.killpg(self.proc.pid, sig)
+        if sig == signal.SIGKILL:
+            self.proc.wait()
+
+    def result(self) -> dict:
+        self.proc.wait()
+        for line in (self.dir / "out").read_text().splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+        err = (self.dir / "err").read_text() or (self.dir / "out").read_text()
+        return {"error": err[-3000:]}
+
+
+def start_child(script: str, job: dict, name: str, steps_done: Callable[[Child], int]) -> Child:
+    """``run_child`` without waiting (see ``time_sliced``)."""
+    return Child([sys.executable, script, "_child", json.dumps(job)], name, steps_done=steps_done)
+
+
+def start_in_peer_venv(script: str, job: dict, name: str, steps_done: Callable[[Child], int]) -> Child | None:
+    """``run_in_peer_venv`` without waiting; None where the peer venv is missing."""
+    py = _peer_python()
+    if py is None:
+        return None
+    return Child([str(py), script, str(PEER_DIR), json.dumps(job)], name, steps_done=steps_done)
+
+
+def time_sliced(children: list[Child], slice_s: float, timeout: float = 3600) -> dict:
+    """Run ``children`` (started together) one at a time, in turns of ``slice_s`` seconds, until every one has exited:
+    each turn SIGCONTs one child's process group and SIGSTOPs it again when the turn ends. A shared VM's speed
+    drifts by 10-30 % within minutes; runs that take turns every few seconds see the same drift, where runs minutes
+    apart do not.
+
+    Start-up takes different times (LeRobot's is longer): a child that has logged its first training step waits,
+    stopped, until every other child has too (or has exited). The window in which all of them train together ends
+    when the first one exits. Returns, per child, its turns and ``window_steps``: the index range ``[first, end)``
+    of its steps that ran inside that window (step counts read at turn boundaries, while the others were stopped;
+    ``end`` None: all of them, the child exited first). A step a pause fell into is as long as a whole turn of the others (>= ``slice_s``): summaries
+    drop steps longer than ``paused_step_s(slice_s)`` and the step after each (caches gone cold). Past ``timeout``
+    every child is killed."""
+    import time
+
+    for child in children[1:]:
+        child.signal(signal.SIGSTOP)
+    turns = {child.name: 0 for child in children}
+    first: dict[str, int] = {}  # steps done when every child was training
+    end: dict[str, int] = {}  # steps done when the first child exited
+    start = time.monotonic()
+
+    def training(child: Child) -> bool:
+        return child.proc.poll() is not None or child.steps_done(child) > 0
+
+    try:
+        while alive := [c for c in children if c.proc.poll() is None]:
+            everyone = all(training(c) for c in children)
+            if everyone and not first:
+                first = {c.name: c.steps_done(c) for c in children}
+            for child in alive:
+                if not everyone and training(child) and len(alive) > 1:
+                    continue  # ahead of the others: wait for them, stopped
+                if time.monotonic() - start > timeout:
+                    raise TimeoutError(f"time-sliced runs still going after {timeout:.0f} s")
+                child.signal(signal.SIGCONT)
+                turns[child.name] += 1
+                _turn(child, slice_s, until_training=not everyone)
+                if child.proc.poll() is not None and not end:  # an exited child ran all of its steps (None)
+                    end = {c.name: None if c.proc.poll() is not None else c.steps_done(c) for c in children}
+                    break  # the others' counts are read while they are stopped
+    finally:
+        for child in children:
+            if child.proc.poll() is None:
+                child.signal(signal.SIGCONT)
+                child.signal(signal.SIGKILL)
+    return {
+        "slice_s": slice_s,
+        "wall_s": time.monotonic() - start,
+        "children": {
+            c.name: {"turns": turns[c.name], "window_steps": [first.get(c.name, 0), end.get(c.name)]}
+            for c in children
+        },
+    }
+
+
+def _turn(child: Child, slice_s: float, until_training: bool) -> None:
+    """Let ``child`` run for ``slice_s`` seconds (or until it exits), then SIGSTOP it; ``until_training``: stop it as
+    soon as it has logged a training step (checked every 50 ms), so it waits for the others from its first step."""
+    import time
+
+    end = time.monotonic() + slice_s
+    while (left := end - time.monotonic()) > 0:
+        try:
+            child.proc.wait(min(left, 0.05) if until_training else left)
+            return  # exited
+        except subprocess.TimeoutExpired:
+            if until_training and child.steps_done(child) > 0:
+                break
+    child.signal(signal.SIGSTOP)
+
+
+def paused_step_s(slice_s: float) -> float:
+    """The step length above which a time-sliced run's step is taken to hold a pause (half a turn)."""
+    return slice_s / 2
+
+
+def window_rates(step_s: list[float], window: list[int], warmup: int, batch: int, longest_s: float) -> dict:
+    """Samples/s of a time-sliced run over its steps inside the common window (``time_sliced``), past ``warmup``,
+    paused ones dropped: over all of them and at the median step. ``step_s``: every step's seconds, in order."""
+    lo, hi = max(window[0], warmup), len(step_s) if window[1] is None else window[1]
+    steps = step_s[lo:hi]
+    steps = [steps[i] for i in kept_steps(steps, longest_s)]
+    if not steps:
+        return {"window_steps": [lo, hi], "error": "no step inside the common window: give more --steps"}
+    return {
+        "window_steps": [lo, hi],
+        "counted_steps": len(steps),
+        "samples_per_s": batch * len(steps) / sum(steps),
+        "samples_per_s_median_step": batch / statistics.median(steps),
+    }
+
+
+def kept_steps(durations: list[float], longest_s: float | None) -> list[int]:
+    """Indices of the steps to count: all of them, or (a time-sliced run, ``longest_s`` set) those not longer than
+    ``longest_s`` and not right after one that was."""
+    if longest_s is None:
+        return list(range(len(durations)))
+    paused = [d > longest_s for d in durations]
+    return [i for i, d in enumerate(durations) if not paused[i] and not (i and paused[i - 1])]
 
 
 def run_in_peer_venv(script: str, job: dict, timeout: int = 3600) -> dict:

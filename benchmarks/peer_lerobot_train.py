@@ -29,6 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import (
+    kept_steps,
+)  # stdlib only: importable from the peer venv (this script's folder is on sys.path)
+
 # A MetricsTracker line, e.g. "step:7 smpl:56 ep:1 epch:0.23 loss:1.234 grdn:5.678 lr:1.0e-07 updt_s:1.234
 # data_s:0.012 smp/s:6" (lerobot/utils/logging_utils.py MetricsTracker.__str__).
 STEP_LINE = re.compile(r"step:\S+ smpl:\S+ .*?loss:(\S+) .*?updt_s:([\d.]+) data_s:([\d.]+)")
@@ -98,10 +102,14 @@ def summarize(lines: list[tuple[float, str]], job: dict) -> dict:
     if len(steps) != job["steps"]:
         raise RuntimeError(f"expected {job['steps']} step log lines from lerobot-train, parsed {len(steps)}")
     timed = steps[job["warmup"] :]
+    wall = [b[0] - a[0] for a, b in zip(steps[job["warmup"] - 1 :], timed)] if job["warmup"] else []
+    longest = job.get("paused_step_s")  # a time-sliced run: steps a pause fell into are not counted
+    keep = kept_steps([u + d for _, _, u, d in timed], longest)
+    dropped = len(timed) - len(keep)
+    timed = [timed[i] for i in keep]
     update = [u for _, _, u, _ in timed]
     data = [d for _, _, _, d in timed]
     step = [u + d for u, d in zip(update, data)]
-    wall = [b[0] - a[0] for a, b in zip(steps[job["warmup"] - 1 :], timed)] if job["warmup"] else []
     n = len(timed) * job["batch"]
     out = {
         "timed_steps": len(timed),
@@ -113,7 +121,10 @@ def summarize(lines: list[tuple[float, str]], job: dict) -> dict:
         "data_wait_frac": sum(data) / sum(step),
         "loss_first_last": [steps[0][1], steps[-1][1]],
     }
-    if wall:
+    if longest is not None:
+        out["dropped_paused_steps"] = dropped
+        out["step_s"] = [u + d for _, _, u, d in steps]  # every step, for the controller's common window
+    elif wall:
         out["wall_s_per_step"] = stats3(wall)
         out["samples_per_s_wall"] = n / sum(wall)
     return out

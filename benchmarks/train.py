@@ -23,7 +23,12 @@ With ``--rounds N`` (default 1) every run of both sides is repeated N times; wit
 of both sides go back to back (ours, eager and compiled, next to LeRobot's at that precision), who goes first
 alternating between rounds, and each speed-up is the median over rounds of the ratio within a round: runs minutes
 apart on a shared VM drift by 10-20 %, runs side by side much less. Each side's reported run is its median
-round's. Per side and precision: samples/s over all timed steps and at the median step (a shared machine's bursts hit
+round's. With ``--time-slice S`` each precision's runs of both sides (ours eager and compiled, LeRobot's) are started
+together and take turns of S seconds, one at a time (SIGSTOP/SIGCONT of each run's process group, loader workers
+included; ``harness.time_sliced``): a run that reaches its first step waits, stopped, until the others have too,
+and only the steps taken while all of them were training count (the common window ends when the first run exits),
+less those a pause fell into (longer than S/2) and the one after each; so drift over minutes hits both sides alike.
+Per side and precision: samples/s over all timed steps and at the median step (a shared machine's bursts hit
 single steps of either side; the median is robust to them), data-wait fraction of step time (ours: waiting for the
 batch; LeRobot's ``data_s`` also holds its preprocessor, which runs in the main process), MFU (the FLOPs of one
 training step counted by the model benchmark, over the step time, against the same dtype's matmul peak measured by
@@ -32,7 +37,8 @@ process and of the largest process (loader workers included). On CPUs without na
 AVX512-BF16/AMX) bf16 autocast is far slower than fp32 on both sides; its MFU against that dtype's tiny matmul peak
 exceeds 1 because autocast keeps much of the step in fp32.
 
-    .venv/bin/python benchmarks/train.py [--steps 30] [--warmup 5] [--rounds 1] [--skip-peer] [--out FILE.json]
+    .venv/bin/python benchmarks/train.py [--steps 30] [--warmup 5] [--rounds 1] [--time-slice S] [--skip-peer]
+                                         [--out FILE.json]
 
 The peer runs only where its venv exists (``../shared/peer/setup_lerobot_venv.sh``; ``$PEER_VENV``).
 """
@@ -49,9 +55,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from harness import REPO, cpu_model, emit, run_child, run_in_peer_venv, stats3
+from harness import (
+    REPO,
+    Child,
+    cpu_model,
+    emit,
+    kept_steps,
+    paused_step_s,
+    run_child,
+    run_in_peer_venv,
+    start_child,
+    start_in_peer_venv,
+    stats3,
+    time_sliced,
+    window_rates,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 OWN_CACHE = Path(os.environ.get("VLA_BENCH_CACHE", "/tmp/vla_bench_data"))
@@ -115,6 +136,10 @@ def summarize_metrics(rows: list[dict], job: dict) -> dict:
     if len(steps) != job["steps"]:
         raise RuntimeError(f"expected {job['steps']} step rows in metrics.jsonl, found {len(steps)}")
     timed = steps[job["warmup"] :]
+    longest = job.get("paused_step_s")  # a time-sliced run: steps a pause fell into are not counted
+    keep = kept_steps([r["step_time_s"] for r in timed], longest)
+    dropped = len(timed) - len(keep)
+    timed = [timed[i] for i in keep]
     step = [r["step_time_s"] for r in timed]
     wait = [r["data_wait_s"] for r in timed]
     n = len(timed) * job["batch"]
@@ -128,15 +153,36 @@ def summarize_metrics(rows: list[dict], job: dict) -> dict:
         "loss_first_last": [steps[0]["loss"], steps[-1]["loss"]],
         "peak_rss_main_mb": max(r["peak_rss_mb"] for r in steps),
     }
-    if job["warmup"] and "time" in steps[0]:  # wall clock between logged steps, as a cross-check
+    if longest is not None:
+        out["dropped_paused_steps"] = dropped
+        out["step_s"] = [r["step_time_s"] for r in steps]  # every step, for the controller's common window
+    elif job["warmup"] and "time" in steps[0]:  # wall clock between logged steps, as a cross-check
         wall = [b["time"] - a["time"] for a, b in zip(steps[job["warmup"] - 1 :], timed)]
         out["wall_s_per_step"] = stats3(wall)
         out["samples_per_s_wall"] = n / sum(wall)
     return out
 
 
+def _our_steps(run_dir: Path) -> Callable[[Child], int]:
+    """Steps a ``vla train`` run has logged in ``run_dir/metrics.jsonl`` (its step rows)."""
+
+    def count(child: Child) -> int:
+        try:
+            return (run_dir / "metrics.jsonl").read_text().count('"step_time_s"')
+        except FileNotFoundError:
+            return 0
+
+    return count
+
+
+def _peer_steps(child: Child) -> int:
+    """Steps ``lerobot-train`` has logged (its ``updt_s`` lines, in the child's stderr)."""
+    return (child.dir / "err").read_text(errors="replace").count("updt_s:")
+
+
 def child_ours(job: dict) -> dict:
-    run_dir = Path(tempfile.mkdtemp(prefix="vla-train-bench-")) / "run"
+    # a time-sliced run's folder is chosen by the controller, which counts the steps logged there
+    run_dir = Path(job.get("run_dir") or Path(tempfile.mkdtemp(prefix="vla-train-bench-")) / "run")
     cmd = train_command(job, run_dir)
     env = {**os.environ, "VLA_CONFIG_DIR": job["config_dir"], "WANDB_MODE": "offline"}
     t0 = time.perf_counter()
@@ -254,6 +300,11 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=int, default=1, help="repeat every run; speed-ups = median within-round ratio"
     )
+    ap.add_argument(
+        "--time-slice", type=float, default=0.0, metavar="S",
+        help="run each precision's runs of both sides at once, one at a time in turns of S seconds (SIGSTOP/"
+             "SIGCONT): drift hits them alike; steps a pause fell into are not counted (give more --steps)",
+    )  # fmt: skip
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.cmd == "_child":
@@ -293,6 +344,7 @@ def main() -> None:
             "image_size": args.image_size,
             "frozen_backbone": True,
             "rounds": args.rounds,
+            "time_slice_s": args.time_slice or None,
         },
         "dataset": {"path": str(dataset), "provenance": provenance, "robot_type": robot_type},
         "ours": {},
@@ -316,21 +368,59 @@ def main() -> None:
     if args.skip_peer:
         peer_precisions = []
 
-    def run_ours(precision: str) -> None:
+    sliced = {"paused_step_s": paused_step_s(args.time_slice)} if args.time_slice else {}
+    peer_script = str(BENCH_DIR / "peer_lerobot_train.py")
+
+    def our_jobs(precision: str) -> list[tuple[str, dict]]:
+        """``(result name, job)`` of each of our runs at ``precision`` (one per train.compile mode)."""
+        out = []
         for compile_mode in args.compile.split(",") if precision in our_precisions else ():
-            job = {**common, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
+            job = {**common, **sliced, "precision": precision, "compile": compile_mode, "image_size": args.image_size,
                    "dataset": str(dataset), "stats": str(stats), "config_dir": str(config_dir)}  # fmt: skip
-            name = precision if compile_mode == "never" else f"{precision}_compiled"
-            ours.setdefault(name, []).append(run_child(__file__, job))
+            out.append((precision if compile_mode == "never" else f"{precision}_compiled", job))
+        return out
 
-    def run_peer(precision: str) -> None:
-        if precision in peer_precisions:
-            job = {**common, "amp": precision, "threads": args.threads, "root": str(dataset)}
-            run = run_in_peer_venv(str(BENCH_DIR / "peer_lerobot_train.py"), job)
-            theirs.setdefault(precision, []).append(run)
+    def peer_job(precision: str) -> dict:
+        return {**common, **sliced, "amp": precision, "threads": args.threads, "root": str(dataset)}
 
-    for side, precision in schedule(args.rounds, our_precisions, peer_precisions):
-        (run_ours if side == "ours" else run_peer)(precision)
+    if args.time_slice:  # each precision's runs of both sides at once, taking turns
+        for i in range(args.rounds):
+            for precision in dict.fromkeys([*our_precisions, *peer_precisions]):
+                runs: list[tuple[dict, str, Child]] = []
+                for name, job in our_jobs(precision):
+                    job["run_dir"] = str(Path(tempfile.mkdtemp(prefix="vla-train-bench-")) / "run")
+                    child = start_child(__file__, job, f"ours {name}", _our_steps(Path(job["run_dir"])))
+                    runs.append((ours, name, child))
+                if precision in peer_precisions:
+                    child = start_in_peer_venv(
+                        peer_script, peer_job(precision), f"lerobot {precision}", _peer_steps
+                    )
+                    if child is None:
+                        # no peer venv: this runs nothing and returns why
+                        theirs.setdefault(precision, []).append(
+                            run_in_peer_venv(peer_script, peer_job(precision))
+                        )
+                    else:
+                        runs.append((theirs, precision, child))
+                if i % 2:  # who takes the first turn alternates between rounds
+                    runs.reverse()
+                turns = time_sliced([child for _, _, child in runs], args.time_slice)
+                for results, name, child in runs:
+                    run = {**child.result(), "time_slicing": turns}
+                    if "step_s" in run:  # the rates over the steps all sides ran together
+                        window = turns["children"][child.name]["window_steps"]
+                        w = window_rates(run.pop("step_s"), window, args.warmup, args.batch, sliced["paused_step_s"])  # fmt: skip
+                        run["whole_run"] = {k: run.get(k) for k in RATES}
+                        run |= {k: w[k] for k in RATES if k in w}
+                        run["common_window"] = w
+                    results.setdefault(name, []).append(run)
+    else:
+        for side, precision in schedule(args.rounds, our_precisions, peer_precisions):
+            if side == "ours":
+                for name, job in our_jobs(precision):
+                    ours.setdefault(name, []).append(run_child(__file__, job))
+            else:
+                theirs.setdefault(precision, []).append(run_in_peer_venv(peer_script, peer_job(precision)))
     res["ours"] = {name: median_round(runs) for name, runs in ours.items()}
     if not args.skip_peer:
         res["peer_lerobot"] = {amp: median_round(runs) for amp, runs in theirs.items()}

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,70 @@ def test_train_benchmark_rounds_compare_side_by_side() -> None:
         ("peer", "fp32"), ("ours", "fp32"), ("peer", "bf16"), ("ours", "bf16"),
     ]  # fmt: skip
     assert train.schedule(1, ["bf16"], []) == [("ours", "bf16")]  # --skip-peer
+
+
+#: A stand-in trainer for ``time_sliced``: sleeps ``delay`` s (start-up), then logs ``steps`` steps of ``step`` s
+#: each, one line per step: "<monotonic start> <monotonic end> <seconds>" (CLOCK_MONOTONIC is one clock for all
+#: processes), and prints its RESULT.
+FAKE_TRAINER = """
+import json, sys, time
+log, delay, steps, step = sys.argv[1], *map(float, sys.argv[2:5])
+time.sleep(delay)
+out = []
+for _ in range(int(steps)):
+    t0 = time.monotonic(); time.sleep(step); t1 = time.monotonic()
+    out.append(t1 - t0)
+    with open(log, "a") as f:
+        f.write(f"{t0} {t1} {t1 - t0}\\n")
+print("RESULT " + json.dumps({"step_s": out}), flush=True)
+"""
+
+
+def test_time_sliced_runs_take_turns_start_together_and_drop_paused_steps(tmp_path: Path) -> None:
+    """``benchmarks/harness.time_sliced``: children run one at a time (SIGSTOP/SIGCONT of their process groups);
+    one that reaches its first step early waits, stopped, for the slower starter; the common window ends when the
+    first one exits; steps a pause fell into are dropped by ``kept_steps`` and not counted by ``window_rates``."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    script = tmp_path / "fake_trainer.py"
+    script.write_text(FAKE_TRAINER)
+    logs = {name: tmp_path / f"{name}.log" for name in ("quick", "slow")}
+
+    def steps_done(name: str) -> Callable[[object], int]:
+        return lambda child: len(logs[name].read_text().splitlines()) if logs[name].exists() else 0
+
+    # "quick" starts at once and has many steps; "slow" starts after 1 s and ends first
+    args = {"quick": (0.0, 60, 0.02), "slow": (1.0, 15, 0.02)}
+    children = [
+        harness.Child([sys.executable, str(script), str(logs[n]), *map(str, args[n])], n, steps_done=steps_done(n))
+        for n in ("quick", "slow")
+    ]  # fmt: skip
+    turns = harness.time_sliced(children, slice_s=0.5, timeout=60)
+    results = {c.name: c.result() for c in children}
+    assert all("step_s" in r for r in results.values()), results
+    rows = {n: [tuple(map(float, line.split())) for line in logs[n].read_text().splitlines()] for n in logs}
+    window = {n: turns["children"][n]["window_steps"] for n in logs}
+    # "quick" was stopped right after its first steps (a whole turn would be ~25) until "slow" was training too;
+    # every step of its window that no pause fell into ran after "slow"'s first step
+    assert 1 <= window["quick"][0] <= 8, window
+    longest = harness.paused_step_s(0.5)
+    in_window = rows["quick"][window["quick"][0] : window["quick"][1]]
+    assert all(start > rows["slow"][0][1] for start, _, seconds in in_window if seconds <= longest), in_window
+    assert window["slow"][1] is None  # the first to exit: all of its steps are in the window
+    assert window["quick"][1] < 60  # quick's last steps ran alone, after "slow" exited
+    quick = results["quick"]["step_s"]
+    paused = [i for i, d in enumerate(quick) if d > longest]
+    assert paused, quick  # turns of 0.5 s over 60 steps of 0.02 s: pauses fell into some steps
+    kept = harness.kept_steps(quick, longest)
+    assert not set(kept) & {*paused, *(i + 1 for i in paused)}
+    rates = harness.window_rates(quick, window["quick"], warmup=2, batch=8, longest_s=longest)
+    assert rates["counted_steps"] <= window["quick"][1] - max(window["quick"][0], 2)
+    assert rates["samples_per_s"] == pytest.approx(8 / 0.02, rel=0.5)  # ~0.02 s steps, the pauses left out
+    assert harness.kept_steps([1.0, 9.0, 1.0, 1.0], None) == [0, 1, 2, 3]  # not time-sliced: every step
+    assert harness.kept_steps([1.0, 9.0, 1.0, 1.0], 4.5) == [0, 3]
 
 
 def test_results_that_name_their_cpu_carry_its_features(
