@@ -154,9 +154,9 @@ def time_sliced(children: list[Child], slice_s: float, timeout: float = 3600) ->
     stopped, until every other child has too (or has exited). The window in which all of them train together ends
     when the first one exits. Returns, per child, its turns and ``window_steps``: the index range ``[first, end)``
     of its steps that ran inside that window (step counts read at turn boundaries, while the others were stopped;
-    ``end`` None: all of them, the child exited first). A step a pause fell into is as long as a whole turn of the others (>= ``slice_s``): summaries
-    drop steps longer than ``paused_step_s(slice_s)`` and the step after each (caches gone cold). Past ``timeout``
-    every child is killed."""
+    ``end`` None: all of them, the child exited first). A step a pause fell into is as long as a whole turn of the
+    others (>= ``slice_s``): summaries drop steps longer than ``paused_step_s(slice_s)`` and the step after each
+    (caches gone cold). Past ``timeout`` every child is killed."""
     import time
 
     for child in children[1:]:
