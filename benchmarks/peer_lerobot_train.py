@@ -104,7 +104,9 @@ def summarize(lines: list[tuple[float, str]], job: dict) -> dict:
     timed = steps[job["warmup"] :]
     wall = [b[0] - a[0] for a, b in zip(steps[job["warmup"] - 1 :], timed)] if job["warmup"] else []
     longest = job.get("paused_step_s")  # a time-sliced run: steps a pause fell into are not counted
-    keep = kept_steps([u + d for _, _, u, d in timed], longest)
+    keep = kept_steps([u + d for _, _, u, d in timed], longest) or list(
+        range(len(timed))
+    )  # none left: see the window's error
     dropped = len(timed) - len(keep)
     timed = [timed[i] for i in keep]
     update = [u for _, _, u, _ in timed]

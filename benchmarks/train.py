@@ -137,7 +137,9 @@ def summarize_metrics(rows: list[dict], job: dict) -> dict:
         raise RuntimeError(f"expected {job['steps']} step rows in metrics.jsonl, found {len(steps)}")
     timed = steps[job["warmup"] :]
     longest = job.get("paused_step_s")  # a time-sliced run: steps a pause fell into are not counted
-    keep = kept_steps([r["step_time_s"] for r in timed], longest)
+    keep = kept_steps([r["step_time_s"] for r in timed], longest) or list(
+        range(len(timed))
+    )  # none left: see the window's error
     dropped = len(timed) - len(keep)
     timed = [timed[i] for i in keep]
     step = [r["step_time_s"] for r in timed]
@@ -404,14 +406,17 @@ def main() -> None:
                         runs.append((theirs, precision, child))
                 if i % 2:  # who takes the first turn alternates between rounds
                     runs.reverse()
-                turns = time_sliced([child for _, _, child in runs], args.time_slice)
+                try:
+                    turns = time_sliced([child for _, _, child in runs], args.time_slice)
+                except TimeoutError as e:  # the runs were killed; the other rounds' results are kept
+                    turns = {"error": str(e)}
                 for results, name, child in runs:
                     run = {**child.result(), "time_slicing": turns}
-                    if "step_s" in run:  # the rates over the steps all sides ran together
+                    if "step_s" in run and "children" in turns:  # the rates over the steps all ran together
                         window = turns["children"][child.name]["window_steps"]
                         w = window_rates(run.pop("step_s"), window, args.warmup, args.batch, sliced["paused_step_s"])  # fmt: skip
                         run["whole_run"] = {k: run.get(k) for k in RATES}
-                        run |= {k: w[k] for k in RATES if k in w}
+                        run |= {k: w.get(k) for k in RATES}  # None where the window had no step: no ratio
                         run["common_window"] = w
                     results.setdefault(name, []).append(run)
     else:

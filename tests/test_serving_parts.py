@@ -531,12 +531,11 @@ def test_eager_attention_kernels_are_timed_interleaved_call_by_call(monkeypatch:
         return real(observations, **kw)
 
     monkeypatch.setattr(policy, "infer_batch", recording)
-    now = [0.0]
+    now, cost = [0.0], {"sdpa": 3.0, "explicit": 1.0}
 
-    def clock() -> (
-        float
-    ):  # each reading advances by the running kernel's cost: a call costs 3 s (SDPA) or 1 s
-        now[0] += 3.0 if policy.model.inference_attention == "sdpa" else 1.0
+    def clock() -> float:
+        # each reading advances by the running kernel's cost: a timed call takes that many seconds
+        now[0] += cost[policy.model.inference_attention]
         return now[0]
 
     monkeypatch.setattr(modes, "time", types.SimpleNamespace(perf_counter=clock))
@@ -546,6 +545,13 @@ def test_eager_attention_kernels_are_timed_interleaved_call_by_call(monkeypatch:
     abba = ["sdpa", "explicit", "explicit", "sdpa"]
     assert kernels[-20:] == (abba * 2 + abba[:2]) * 2, kernels  # per batch size: warm-up + 4 rounds
     assert policy.model.inference_attention == "explicit"  # the last trial's mode stays prepared
+    # SDPA faster: the model ends prepared in SDPA's mode; 3 repeats run 4 rounds (each kernel first twice)
+    cost.update(sdpa=1.0, explicit=3.0)
+    kernels.clear()
+    mode, trials = select_mode(policy, [Mode("float32", False, None)], [1], repeats=3)
+    assert mode == Mode("float32", False, "sdpa") and policy.model.inference_attention == "sdpa"
+    assert trials[0].seconds_per_chunk == {1: 1.0} and trials[1].seconds_per_chunk == {1: 3.0}
+    assert kernels[-10:] == abba * 2 + abba[:2], kernels
 
 
 def test_soft_capped_models_are_served_with_the_explicit_kernel_only() -> None:

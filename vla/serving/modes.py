@@ -12,8 +12,8 @@ candidate whose chunk differs from the eager fp32 SDPA chunk (same observations,
 An attention kernel left open is measured without a second compile: eager modes are timed with both kernels
 (prepared once, the kernels alternating call by call: timed one after the other, a shared VM's drift of 10-30 %
 over seconds decided between kernels a few percent apart, and a server kept SDPA where the explicit form was 6 %
-faster at batch 8 when interleaved), and a compiled mode takes the kernel that won the eager trials of its dtype (both where no eager trial of its dtype ran or
-was accepted). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts
+faster at batch 8 when interleaved), and a compiled mode takes the kernel that won the eager trials of its dtype
+(both where no eager trial of its dtype ran or was accepted). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts
 from the weights as loaded (``prepare_inference`` casts in place: without that, a float32 trial after a bf16 one
 would run bf16-rounded weights).
 """
@@ -265,12 +265,14 @@ def _time_kernels(
     policy: Policy, batch_sizes: list[int], kernels: list[str], *, repeats: int
 ) -> dict[str, dict[int, float]]:
     """Median seconds per chunk of each attention kernel at each batch size, the kernels alternating call by call
-    (ABBA order, after one warm-up call of each) on an eager model: ``{kernel: {batch: seconds}}``."""
+    (after one warm-up call of each, ``repeats`` rounds rounded up to even, in ABBA order: each kernel goes first
+    equally often) on an eager model: ``{kernel: {batch: seconds}}``."""
     out: dict[str, dict[int, float]] = {kernel: {} for kernel in kernels}
+    rounds = max(2, repeats + repeats % 2)
     for b in batch_sizes:
         obs = synthetic_observations(policy, b, seed=b)
         times: dict[str, list[float]] = {kernel: [] for kernel in kernels}
-        for i in range(repeats + 1):  # round 0 warms each kernel up and is not counted
+        for i in range(rounds + 1):  # round 0 warms each kernel up and is not counted
             for kernel in kernels if i % 2 == 0 else kernels[::-1]:
                 policy.model.set_inference_attention(kernel)
                 start = time.perf_counter()
