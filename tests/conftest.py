@@ -154,6 +154,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     status = _status_path()  # the controller reports its own leaks too
     leaked = [(p, cmd) for p, cmd in _descendants(os.getpid()) if not any(e in cmd for e in LEAK_EXEMPT)]
+    # a process in the middle of exiting (an xdist worker just stopped: an empty command line) is not a leak
+    deadline = time.monotonic() + 2
+    while leaked and time.monotonic() < deadline and any(not cmd for _, cmd in leaked):
+        time.sleep(0.05)
+        live = dict(_descendants(os.getpid()))
+        leaked = [(p, live[p] or cmd) for p, cmd in leaked if p in live]
     if not leaked:
         return
     lines = [f"  pid {p}: {cmd[:300]}" for p, cmd in leaked]
