@@ -8,10 +8,13 @@ import json
 import os
 import platform
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,7 +89,8 @@ def _peer_python() -> Path | None:
     return py if py.exists() else None
 
 
-def _peer_missing() -> dict:
+def peer_missing() -> dict:
+    """Why the peer did not run: its venv is missing (and how to build it)."""
     return {"skipped": f"peer venv not found at {PEER_VENV}; build it with {PEER_DIR}/setup_lerobot_venv.sh"}
 
 
@@ -101,8 +105,6 @@ class Child:
         env_extra: dict[str, str] | None = None,
         steps_done: Callable[[Child], int] | None = None,
     ) -> None:
-        import tempfile
-
         # ``steps_done(child)``: training steps it has logged so far (read from its files; see ``time_sliced``)
         self.name, self.steps_done = name, steps_done or (lambda child: 0)
         self.dir = Path(tempfile.mkdtemp(prefix="bench-child-"))
@@ -125,8 +127,6 @@ class Child:
     def result(self) -> dict:
         """Wait for the child; the dict it printed after ``RESULT `` (or ``{"error": its stderr's tail}``). Its
         output files are removed."""
-        import shutil
-
         self.proc.wait()
         out, err = (self.dir / "out").read_text(), (self.dir / "err").read_text(errors="replace")
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -168,8 +168,6 @@ def time_sliced(children: list[Child], slice_s: float, timeout: float = 3600) ->
 
     Raises ``TimeoutError`` past ``timeout``. Whatever happens, every child's process group is continued and killed
     before this returns or raises (a child's loader workers included, its leader gone or not)."""
-    import time
-
     for child in children:  # each runs only in its turns from here on
         child.signal(signal.SIGSTOP)
     turns = {child.name: 0 for child in children}
@@ -219,8 +217,6 @@ def time_sliced(children: list[Child], slice_s: float, timeout: float = 3600) ->
 def _turn(child: Child, slice_s: float, until_training: bool) -> None:
     """Let ``child`` run for ``slice_s`` seconds (or until it exits), then SIGSTOP it; ``until_training``: stop it as
     soon as it has logged a training step (checked every 50 ms), so it waits for the others from its first step."""
-    import time
-
     end = time.monotonic() + slice_s
     while (left := end - time.monotonic()) > 0:
         try:
@@ -267,7 +263,7 @@ def run_in_peer_venv(script: str, job: dict, timeout: int = 3600) -> dict:
     """Run ``script PEER_DIR JOB`` with the peer venv's python; the dict it prints after ``RESULT ``."""
     py = _peer_python()
     if py is None:
-        return _peer_missing()
+        return peer_missing()
     return _result([str(py), script, str(PEER_DIR), json.dumps(job)], None, timeout)
 
 
@@ -289,7 +285,7 @@ def run_peer(bench_args: list[str], out: Path, timeout: int = 3600) -> dict:
     """``peer_lerobot_bench.py bench ARGS --out OUT`` in the peer venv; its JSON, or why there is none."""
     py = _peer_python()
     if py is None:
-        return _peer_missing()
+        return peer_missing()
     proc = subprocess.run(
         [str(py), str(PEER_DIR / "peer_lerobot_bench.py"), "bench", *bench_args, "--out", str(out)],
         capture_output=True,

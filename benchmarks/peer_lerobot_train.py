@@ -29,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import (
-    kept_steps,
-)  # stdlib only: importable from the peer venv (this script's folder is on sys.path)
+# stdlib only: importable from the peer venv (this script's folder is on sys.path)
+from harness import kept_steps
 
 # A MetricsTracker line, e.g. "step:7 smpl:56 ep:1 epch:0.23 loss:1.234 grdn:5.678 lr:1.0e-07 updt_s:1.234
 # data_s:0.012 smp/s:6" (lerobot/utils/logging_utils.py MetricsTracker.__str__).
@@ -104,9 +103,8 @@ def summarize(lines: list[tuple[float, str]], job: dict) -> dict:
     timed = steps[job["warmup"] :]
     wall = [b[0] - a[0] for a, b in zip(steps[job["warmup"] - 1 :], timed)] if job["warmup"] else []
     longest = job.get("paused_step_s")  # a time-sliced run: steps a pause fell into are not counted
-    keep = kept_steps([u + d for _, _, u, d in timed], longest) or list(
-        range(len(timed))
-    )  # none left: see the window's error
+    # none left (every step held a pause): all kept here, and the common window reports the error
+    keep = kept_steps([u + d for _, _, u, d in timed], longest) or list(range(len(timed)))
     dropped = len(timed) - len(keep)
     timed = [timed[i] for i in keep]
     update = [u for _, _, u, _ in timed]

@@ -65,6 +65,7 @@ from harness import (
     emit,
     kept_steps,
     paused_step_s,
+    peer_missing,
     run_child,
     run_in_peer_venv,
     start_child,
@@ -137,9 +138,8 @@ def summarize_metrics(rows: list[dict], job: dict) -> dict:
         raise RuntimeError(f"expected {job['steps']} step rows in metrics.jsonl, found {len(steps)}")
     timed = steps[job["warmup"] :]
     longest = job.get("paused_step_s")  # a time-sliced run: steps a pause fell into are not counted
-    keep = kept_steps([r["step_time_s"] for r in timed], longest) or list(
-        range(len(timed))
-    )  # none left: see the window's error
+    # none left (every step held a pause): all kept here, and the common window reports the error
+    keep = kept_steps([r["step_time_s"] for r in timed], longest) or list(range(len(timed)))
     dropped = len(timed) - len(keep)
     timed = [timed[i] for i in keep]
     step = [r["step_time_s"] for r in timed]
@@ -397,11 +397,8 @@ def main() -> None:
                     child = start_in_peer_venv(
                         peer_script, peer_job(precision), f"lerobot {precision}", _peer_steps
                     )
-                    if child is None:
-                        # no peer venv: this runs nothing and returns why
-                        theirs.setdefault(precision, []).append(
-                            run_in_peer_venv(peer_script, peer_job(precision))
-                        )
+                    if child is None:  # no peer venv
+                        theirs.setdefault(precision, []).append(peer_missing())
                     else:
                         runs.append((theirs, precision, child))
                 if i % 2:  # who takes the first turn alternates between rounds

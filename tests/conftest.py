@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vla.runtime import realtime, scheduling, undo_realtime
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -120,11 +122,9 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return out
 
 
-_START_SCHEDULING = (  # this process's scheduling policy and priority at start (tests must leave it so)
-    (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
-    if hasattr(os, "sched_getscheduler")
-    else None
-)
+_START_SCHEDULING = (
+    scheduling()
+)  # this process's scheduling policy and priority at start (tests must leave it so)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -191,8 +191,6 @@ def _not_real_time() -> Iterator[None]:
     yield
     if _START_SCHEDULING is None:
         return
-    from vla.runtime import realtime, undo_realtime
-
     if not realtime(_START_SCHEDULING[0]) and realtime(os.sched_getscheduler(0)):
         undo_realtime(_START_SCHEDULING)
         pytest.fail(

@@ -13,9 +13,9 @@ An attention kernel left open is measured without a second compile: eager modes 
 (prepared once, the kernels alternating call by call: timed one after the other, a shared VM's drift of 10-30 %
 over seconds decided between kernels a few percent apart, and a server kept SDPA where the explicit form was 6 %
 faster at batch 8 when interleaved), and a compiled mode takes the kernel that won the eager trials of its dtype
-(both where no eager trial of its dtype ran or was accepted). A model with attention logit soft-capping (Gemma2) has only the explicit form. Every trial starts
-from the weights as loaded (``prepare_inference`` casts in place: without that, a float32 trial after a bf16 one
-would run bf16-rounded weights).
+(both where no eager trial of its dtype ran or was accepted). A model with attention logit soft-capping (Gemma2)
+has only the explicit form. Every trial starts from the weights as loaded (``prepare_inference`` casts in place:
+without that, a float32 trial after a bf16 one would run bf16-rounded weights).
 """
 
 from __future__ import annotations
