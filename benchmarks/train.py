@@ -316,6 +316,10 @@ def main() -> None:
         ap.error(f"need 1 <= --warmup < --steps, got warmup {args.warmup}, steps {args.steps}")
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.time_slice < 0:
+        ap.error(
+            f"--time-slice must be > 0 seconds (or 0: runs one after the other), got {args.time_slice:g}"
+        )
     from data_loader import ensure_lerobot_dataset
 
     from vla.data.readers import open_dataset
