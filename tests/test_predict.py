@@ -268,6 +268,23 @@ def test_the_checkpoints_preprocessing_is_applied(
     np.testing.assert_allclose(moved[:, quantile] - np.array(base["actions"])[:, quantile], 0.25, atol=1e-5)
 
 
+def test_the_runs_standardization_decides_which_frames_are_samples(
+    checkpoint: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run trained with ``data.standardize.drop_first=2`` never saw frames 0 and 1 of an episode: predict
+    rebuilds the episodes with the recorded options, refuses those frames, and keeps the windows' raw frames."""
+    args = ("--episode", 1, "--frame", 3, "--seed", 2)
+    base = predict(capsys, checkpoint, dataset, *args)
+    dropped = shutil.copytree(checkpoint, tmp_path / "dropped")
+    standardize = {"drop_first": 2, "drop_last": None, "language_choice": "first_nonempty"}
+    _write_preprocessing(dropped, image_size=64, normalize=True, standardize=standardize, data_seed=0)
+    rc, out, err = run_cli(capsys, "model", "predict", dropped, dataset, "--episode", 1, "--frame", 1)
+    assert out == ""
+    assert rc == 2 and "frame 1 is not a training sample" in err and "kept frames run 2..8" in err
+    same = predict(capsys, dropped, dataset, *args)  # frame 3 is a sample either way: the same window
+    assert same["recorded"] == base["recorded"] and same["actions"] == base["actions"]
+
+
 def test_a_checkpoint_whose_spec_text_is_older_still_loads(
     checkpoint: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -33,7 +33,7 @@ from vla.models.run_dir import (
 )
 from vla.paths import config_dir
 from vla.train.config import OptimConfig, diff_configs, load_train_config
-from vla.train.optim import lr_multiplier, param_groups
+from vla.train.optim import apply_settings, build_optimizer, build_scheduler, lr_multiplier, param_groups
 from vla.train.trainer import ResumeError, train
 
 TRAIN_PRESETS = sorted(  # the finetune_* presets need a checkpoint: tests/test_finetune.py parses them
@@ -104,6 +104,14 @@ def test_diff_configs_splits_compatible_from_incompatible() -> None:
     assert any(line.startswith("model.chunk_length: 8 -> 6") for line in bad)
     assert any(line.startswith("train.steps: 10 -> 20") for line in ok)
     assert any(line.startswith("data.batch_size") for line in ok)  # the global batch is checked on its own
+    # the number of processes may change at the same global batch: grad_accum is checked through it
+    bad, ok = diff_configs(a, _cfg_dict(["train.steps=10", "train.grad_accum=2"]))
+    assert bad == [] and ok == ["train.grad_accum: 1 -> 2"]
+    bad, ok = diff_configs(a, _cfg_dict(["train.steps=10", "model.backbone.gradient_checkpointing=true"]))
+    assert bad == [] and ok == ["model.backbone.gradient_checkpointing: False -> True"]  # memory, not shape
+    del a["optim"]["eps"]  # a setting newer than the run's config
+    bad, ok = diff_configs(a, _cfg_dict(["train.steps=10"]))
+    assert bad == [] and ok == ["optim.eps: not recorded by the run -> 1e-08"]
 
 
 def _cfg_dict(over: list[str]) -> dict:
@@ -134,6 +142,84 @@ def test_param_groups_and_schedule() -> None:
     assert lrs[0] == 0.5 and lrs[1] == 1.0 and lrs[2] == 1.0 and lrs[-1] > 0.1
     assert all(a >= b for a, b in itertools.pairwise(lrs[1:]))
     assert lr_multiplier(10, cfg, 10) == pytest.approx(0.1)
+
+
+def test_resumed_optimizer_takes_the_new_settings_and_an_unchanged_one_is_exact() -> None:
+    """Loading an optimizer and schedule restores the saved rates, decay and eps: ``apply_settings`` puts the
+    config's back (a changed ``optim.lr`` must not be reported as applied and then ignored), and with the same
+    config it leaves every value exactly as the schedule set it (bitwise resume)."""
+    from vla.models.testing import tiny_model
+
+    model = tiny_model()
+    old = OptimConfig(lr=1e-3, warmup_steps=2, weight_decay=0.01, fused=False)
+    opt = build_optimizer(model.named_parameters(), old)
+    sched = build_scheduler(opt, old, 10)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    before = [(g["lr"], g["weight_decay"], g["eps"]) for g in opt.param_groups]
+
+    def resumed(cfg: OptimConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        o = build_optimizer(model.named_parameters(), cfg)
+        s = build_scheduler(o, cfg, 10)
+        o.load_state_dict(saved_opt)
+        s.load_state_dict(saved_sched)
+        apply_settings(o, s, cfg, 10)
+        return o, s
+
+    same, _ = resumed(old)
+    assert [(g["lr"], g["weight_decay"], g["eps"]) for g in same.param_groups] == before
+    new = OptimConfig(lr=1e-5, expert_lr=2e-5, warmup_steps=2, weight_decay=0.5, eps=1e-6, fused=False)
+    o, s = resumed(new)
+    for g in o.param_groups:
+        base = 2e-5 if g["name"].startswith("expert") else 1e-5
+        assert g["lr"] == pytest.approx(base * lr_multiplier(3, new, 10))
+        assert g["weight_decay"] == (0.0 if g["name"].endswith("no_decay") else 0.5) and g["eps"] == 1e-6
+    s.step()  # the schedule goes on from the new base rates
+    for g in o.param_groups:
+        base = 2e-5 if g["name"].startswith("expert") else 1e-5
+        assert g["lr"] == pytest.approx(base * lr_multiplier(4, new, 10))
+
+
+def test_resume_with_a_new_learning_rate_and_ema_switched_on(
+    wx: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compatible change takes effect: the resumed steps run at the new rate, and EMA switched on at resume
+    starts from the resumed weights (the checkpoint has none) instead of failing to load."""
+    run = tmp_path / "run"
+    train(load_train_config("debug", _args(wx, "optim.lr=1e-3", steps=2)), run)
+    over = _args(wx, "optim.lr=1e-5", "ema.decay=0.5", steps=3)
+    with caplog.at_level(logging.WARNING):
+        result = train(load_train_config("debug", over), run)
+    assert "optim.lr: 0.001 -> 1e-05" in caplog.text and "has no EMA weights" in caplog.text
+    cfg = load_train_config("debug", over)
+    rows = {r["step"]: r for r in metrics(run)}
+    assert rows[2]["lr"] == pytest.approx(1e-3 * lr_multiplier(2, cfg.optim, 2))
+    assert rows[3]["lr"] == pytest.approx(1e-5 * lr_multiplier(3, cfg.optim, 3))
+    top = weights(result.last_checkpoint)
+    raw = {
+        k.removeprefix(".model."): v
+        for k, v in _optim_state(result.last_checkpoint).items()
+        if k.startswith(".model.")
+    }
+    assert any(not torch.equal(top[k], raw[k]) for k in raw if k in top)  # the top level holds EMA weights
+
+
+def test_resume_refuses_a_changed_mixture(two_datasets: list[Path], tmp_path: Path) -> None:
+    """The mixture's sampling probabilities are recorded: a reweighted mixture YAML (same name, same datasets)
+    or another data.sim_fraction cannot continue the run."""
+    mix = mixture_file(tmp_path, two_datasets)
+    over = [a for a in _args("x", steps=2) if not a.startswith("data.datasets")] + [f"data.mixture={mix}"]
+    run = tmp_path / "run"
+    train(load_train_config("debug", over), run)
+    mix.write_text(mix.read_text().replace("weight: 2.0", "weight: 5.0"))
+    with pytest.raises(ResumeError, match=r"data mixture differs(.|\n)*ur5e_b: 0\.666666\d* -> 0\.8333"):
+        train(load_train_config("debug", [a.replace("steps=2", "steps=3") for a in over]), run)
+    a = _cfg_dict([])
+    b = json.loads(json.dumps(a))
+    b["data"]["sim_fraction"] = 0.5
+    assert diff_configs(a, b)[0] == ["data.sim_fraction: None -> 0.5"]
 
 
 # ---- the loop ------------------------------------------------------------------------------------------------

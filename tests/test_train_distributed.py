@@ -66,7 +66,8 @@ def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(
     assert (ts / "attention0.json").is_file() and (ts / "attention1.json").is_file()  # each rank's kernels
 
 
-def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("preset", ["ddp", "fsdp2"])
+def test_accelerate_launch_with_the_presets(preset: str, wx: Path, tmp_path: Path) -> None:
     import subprocess
     import sys
 
@@ -74,14 +75,14 @@ def test_accelerate_launch_with_the_ddp_preset(wx: Path, tmp_path: Path) -> None
 
     run = tmp_path / "acc"
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "configs/accelerate/ddp.yaml"),
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / f"configs/accelerate/{preset}.yaml"),
         "--num_processes", "2", "--main_process_port", str(free_port()),
         "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=2", steps=2),
     ]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     start = events(run, "start")[0]
-    assert start["processes"] == 2 and start["strategy"] == "ddp" and start["global_batch"] == 4
+    assert start["processes"] == 2 and start["strategy"] == preset and start["global_batch"] == 4
     assert latest_complete(run).name == "step-0000002"
 
 
@@ -109,3 +110,17 @@ def test_fsdp2_two_processes_save_and_one_process_resumes(
     assert "written by 2 process(es), this run has 1" in r.stderr
     assert latest_complete(run).name == "step-0000005"
     assert [row["step"] for row in metrics(run)][-2:] == [4, 5]
+    # back on 2 processes at the same global batch through gradient accumulation (1 x 2 processes x 2): allowed;
+    # only rank 0 logs, so the world-size warning is printed once
+    r = torchrun(
+        [
+            "train",
+            "debug",
+            "--run-dir",
+            str(run),
+            *_sets(wx, "data.batch_size=1", fsdp[1], "train.grad_accum=2", steps=6),
+        ]
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("written by 1 process(es), this run has 2") == 1, r.stderr[-3000:]
+    assert latest_complete(run).name == "step-0000006"

@@ -313,8 +313,15 @@ def cmd_sim_preview(args: argparse.Namespace) -> int:
 
 
 def _train_logging() -> None:
+    """INFO logging on rank 0; the other ranks of a distributed run log only errors and draw no loading bars (the
+    issue's "only rank 0 logs and prints": N ranks would print every warning N times)."""
     import logging
 
+    rank = int(os.environ.get("RANK", "0"))
+    if rank:
+        logging.basicConfig(level=logging.ERROR, format=f"%(levelname)s [rank {rank}] %(name)s: %(message)s")
+        _quiet_transformers()
+        return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3", "transformers", "accelerate", "OpenGL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

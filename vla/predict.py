@@ -47,6 +47,10 @@ class Preprocessing:
     normalize: bool = True
     clip: float | None = None
     per_dataset: frozenset[str] = frozenset()
+    # ``data.standardize`` and ``data.seed`` of training (None: a checkpoint from before they were recorded, or
+    # not trained by `vla train`: the key map's defaults)
+    standardize: dict[str, Any] | None = None
+    data_seed: int = 0
 
 
 def checkpoint_preprocessing(model: FlowVLA, embodiment: str) -> Preprocessing:
@@ -65,6 +69,8 @@ def checkpoint_preprocessing(model: FlowVLA, embodiment: str) -> Preprocessing:
         normalize=bool(saved.get("normalize", True)),
         clip=saved.get("clip"),
         per_dataset=own,
+        standardize=saved.get("standardize"),
+        data_seed=int(saved.get("data_seed") or 0),
     )
 
 
@@ -93,6 +99,8 @@ def predict_frame(
     embodiment = source.keymap.embodiment
     _check_embodiment(model, ckpt, embodiment, reader.path)
     pre = checkpoint_preprocessing(model, embodiment)
+    if pre.standardize is not None:  # the episodes as training standardized them
+        source = _source(reader, split, pre)
     if pre.normalize:
         _check_stats(model, ckpt, embodiment, reader.path)
     cfg = _data_config(reader.path, split, pre)
@@ -159,10 +167,22 @@ def _check_episode_frame(reader: Any, split: str, episode: int, frame: int) -> N
         )
 
 
-def _source(reader: Any, split: str) -> Source:
-    from vla.data.windows import build_source
+def _source(reader: Any, split: str, pre: Preprocessing | None = None) -> Source:
+    """The split as training standardized it (``pre``'s recorded options; the key map's defaults without them)."""
+    from vla.data.windows import build_source, standardize_options
 
-    return build_source(reader, split)
+    if pre is None or pre.standardize is None:
+        return build_source(reader, split)  # the key map's defaults
+    return build_source(reader, split, options=standardize_options(_standardized(pre)))
+
+
+def _standardized(pre: Preprocessing) -> DataConfig:
+    """A ``DataConfig`` carrying only training's standardization options and seed."""
+    from vla.config import DataConfig, StandardizeConfig
+
+    return DataConfig(
+        datasets=("-",), standardize=StandardizeConfig(**(pre.standardize or {})), seed=pre.data_seed
+    )
 
 
 def _check_embodiment(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:
@@ -209,6 +229,8 @@ def _data_config(path: Path, split: str, pre: Preprocessing) -> DataConfig:
         obs_history=pre.obs_history,
         batch_size=1,
         shuffle=False,
+        standardize=_standardized(pre).standardize,
+        seed=pre.data_seed,
     )
 
 

@@ -208,6 +208,12 @@ def load_train_state(folder: Path, app_state: dict[str, Any]) -> None:
         dcp.load(app_state, checkpoint_id=str(folder / TRAIN_STATE / "dcp"))
 
 
+def has_train_state_key(folder: Path, top: str) -> bool:
+    """Whether the checkpoint's DCP state holds ``top`` (e.g. ``"ema"``: runs without EMA save none)."""
+    metadata = dcp.FileSystemReader(str(folder / TRAIN_STATE / "dcp")).read_metadata()
+    return any(k == top or k.startswith(top + ".") for k in metadata.state_dict_metadata)
+
+
 def read_trainer_meta(folder: Path) -> dict[str, Any]:
     path = folder / TRAIN_STATE / "trainer.json"
     if not path.is_file():

@@ -253,6 +253,7 @@ INCOMPATIBLE = (
     "data.mixture",
     "data.data_root",
     "data.balance_by_size",
+    "data.sim_fraction",
     "data.split",
     "data.obs_history",
     "data.chunk_length",
@@ -264,13 +265,15 @@ INCOMPATIBLE = (
     "data.stats_path",
     "data.val_episodes",
     "train.seed",
-    "train.grad_accum",
     "optim.betas",
     "finetune.mode",
     "finetune.init",
     "finetune.lora",
     "finetune.rehearsal",
 )
+
+#: keys under an ``INCOMPATIBLE`` prefix that change only memory or speed, not the computation's shapes: compatible
+COMPATIBLE_INSIDE = ("model.backbone.gradient_checkpointing",)
 
 
 def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
@@ -381,7 +384,11 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], l
         if a.get(key) == b.get(key):
             continue
         line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
-        if any(key == p or key.startswith(p + ".") for p in INCOMPATIBLE):
+        if key not in a:  # a setting newer than the run: it ran without it, so it cannot have changed shape
+            ok.append(f"{key}: not recorded by the run -> {b.get(key)!r}")
+        elif key in COMPATIBLE_INSIDE:
+            ok.append(line)
+        elif any(key == p or key.startswith(p + ".") for p in INCOMPATIBLE):
             bad.append(line)
         else:
             ok.append(line)

@@ -6,6 +6,7 @@ normalization and the exact stats)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,10 @@ def preprocessing(cfg: TrainConfig, loader: VLALoader) -> dict[str, Any]:
         "clip": None,
         "stats_keys": dict(getattr(loader, "stats_keys", {}) or {}),
         "datasets": sorted({s.name for s in loader.dataset.sources}),
+        # which frames and instructions were samples (drop_first/last, idle filter, language choice and its seed):
+        # `vla model predict` rebuilds the same episodes from them
+        "standardize": dataclasses.asdict(data.standardize),
+        "data_seed": data.seed,
     }
 
 

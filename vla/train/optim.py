@@ -36,17 +36,22 @@ def _decays(name: str, p: torch.Tensor) -> bool:
     return p.dim() >= 2 and not name.endswith(".bias") and "norm" not in name and "embed" not in name
 
 
+def base_lrs(cfg: OptimConfig) -> dict[str, float]:
+    """Peak learning rate of each component (``backbone``, ``expert``, ``heads``): its own setting, else ``lr``."""
+    return {
+        "backbone": cfg.backbone_lr if cfg.backbone_lr is not None else cfg.lr,
+        "expert": cfg.expert_lr if cfg.expert_lr is not None else cfg.lr,
+        "heads": cfg.heads_lr if cfg.heads_lr is not None else cfg.lr,
+    }
+
+
 def param_groups(
     named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig, no_decay: Collection[str] = ()
 ) -> list[dict]:
     """AdamW groups ``{"params", "lr", "weight_decay", "name"}`` of the trainable parameters, named
     ``<component>`` or ``<component>/no_decay``; empty groups are left out. ``no_decay``: names that never decay
     (tables trained row-wise: decay would move their frozen rows)."""
-    lrs = {
-        "backbone": cfg.backbone_lr if cfg.backbone_lr is not None else cfg.lr,
-        "expert": cfg.expert_lr if cfg.expert_lr is not None else cfg.lr,
-        "heads": cfg.heads_lr if cfg.heads_lr is not None else cfg.lr,
-    }
+    lrs = base_lrs(cfg)
     groups: dict[str, dict] = {}
     for name, p in named:
         if not p.requires_grad:
@@ -100,3 +105,27 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, total_steps))
+
+
+def apply_settings(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    cfg: OptimConfig,
+    total_steps: int,
+) -> None:
+    """Put ``cfg``'s learning rates, weight decay and eps into a resumed optimizer and schedule.
+
+    Loading a checkpoint restores every group's hyperparameters and the schedule's base rates as the run saved them,
+    so a changed ``optim.lr`` (or ``*_lr``, ``weight_decay``, ``eps``) would be reported as applied and then ignored.
+    Groups are matched by their name (``<component>`` or ``<component>/no_decay``); each gets its component's base
+    rate times the schedule's factor at the step the run stopped after, exactly what the scheduler would have set,
+    so an unchanged config resumes bit for bit."""
+    lrs = base_lrs(cfg)
+    factor = lr_multiplier(scheduler.last_epoch, cfg, total_steps)
+    for i, group in enumerate(optimizer.param_groups):
+        component, _, tag = group["name"].partition("/")
+        group["initial_lr"] = scheduler.base_lrs[i] = lrs[component]
+        group["lr"] = lrs[component] * factor
+        group["weight_decay"] = 0.0 if tag == "no_decay" else cfg.weight_decay
+        group["eps"] = cfg.eps
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

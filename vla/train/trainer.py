@@ -49,7 +49,7 @@ from vla.train.config import (
 from vla.train.distributed import Runtime
 from vla.train.logger import MetricsLogger
 from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
-from vla.train.optim import build_optimizer, build_scheduler
+from vla.train.optim import apply_settings, build_optimizer, build_scheduler
 from vla.types import Batch
 
 log = logging.getLogger(__name__)
@@ -238,10 +238,36 @@ class Trainer:
                 f"{folder}: the run's embodiment table {meta['embodiments']} differs from the data's {names} "
                 "(the data mixture changed); use a new --run-dir"
             )
+        saved_mix, mix = meta.get("mixture"), self._mixture_probs()
+        if saved_mix is not None and saved_mix != mix:  # checkpoints from before the record: not checked
+            raise ResumeError(
+                f"{folder}: the run's data mixture differs from this one (dataset: sampling probability, old -> "
+                "new):\n  "
+                + "\n  ".join(
+                    f"{n}: {saved_mix.get(n)} -> {(mix or {}).get(n)}"
+                    for n in sorted(set(saved_mix) | set(mix or {}))
+                    if saved_mix.get(n) != (mix or {}).get(n)
+                )
+                + "\nRestore the mixture (its YAML, data.sim_fraction, data.balance_by_size, the datasets) to resume, "
+                "or use a new --run-dir"
+            )
         state = self._app_state()
+        start_ema = self.ema is not None and not ckpt.has_train_state_key(folder, "ema")
+        if start_ema:  # EMA switched on at resume: it starts from the resumed weights below
+            del state["ema"]
         ckpt.load_train_state(folder, state)
         self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
         self.scheduler.load_state_dict(meta["scheduler"])
+        # the checkpoint restored the run's old rates and decay: a changed optim.* setting takes effect now
+        apply_settings(self.optimizer, self.scheduler, self.cfg.optim, self.cfg.train.steps)
+        if start_ema:
+            self.ema = self._init_ema()
+            if self.rt.is_main:
+                log.warning(
+                    "%s has no EMA weights: EMA (decay %s) starts from its weights",
+                    folder,
+                    self.cfg.ema.decay,
+                )
         self.step, self.samples_seen = int(meta["step"]), int(meta["samples_seen"])
         # the run's kernels (bitwise resume): this rank's own record when the world size is the same (ranks measure
         # apart and may differ), else rank 0's (trainer.json)
@@ -270,6 +296,13 @@ class Trainer:
             ckpt.set_rng_state(rng)
         if self.rt.is_main:
             log.warning("resumed from %s (step %d)", folder, self.step)
+
+    def _mixture_probs(self) -> dict[str, float] | None:
+        """The training loader's sampling probability per dataset name (a mixture), or None (no mixture)."""
+        stream = getattr(getattr(self.loader, "order", None), "stream", None)
+        if stream is None:
+            return None
+        return {n: float(p) for n, p in zip(stream.names, stream.probs, strict=True)}
 
     # ---- EMA ----------------------------------------------------------------------------------------------
     def _init_ema(self) -> dict[str, torch.Tensor] | None:
@@ -626,6 +659,7 @@ class Trainer:
                 "strategy": rt.strategy,
                 "cpu_bf16_attention": cpu_bf16_kernel_choices(),
                 "compile_frozen": self.compile_decision,
+                "mixture": self._mixture_probs(),
             }
             ckpt.write_trainer_meta(tmp, meta, self.config)
             final = ckpt.publish(self.run_dir, step)
