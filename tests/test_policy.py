@@ -215,6 +215,10 @@ def test_embodiment_without_stats_is_refused_at_load(tmp_path: Path) -> None:
     [
         (lambda o: setattr(o, "state", o.state[:-1]), r"state .*expected \[7\]"),
         (lambda o: o.state.__setitem__(2, np.nan), r"non-finite value\(s\) at \['.*'\]"),
+        # finite in float64, inf in the model's float32: refused naming the state, not reported as unsafe actions
+        (lambda o: setattr(o, "state", np.where(np.arange(7) == 2, np.float64(1e300), o.state)), r"state .*at \['.*'\] beyond float32's range"),
+        # in float32's range, but not once normalized with the checkpoint's stats
+        (lambda o: o.state.__setitem__(2, 3.4e38), r"state .*at \['.*'\] overflow float32 once normalized"),
         (lambda o: o.images.__setitem__("left_wrist", o.images["primary"]), "no camera slot 'left_wrist'"),
         (lambda o: o.images.__setitem__("primary", o.images["primary"].astype(np.float32)), "expected dtype uint8"),
         (lambda o: o.images.__setitem__("primary", o.images["primary"][..., 0]), r"expected uint8 \[h, w, 3\]"),

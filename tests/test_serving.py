@@ -217,6 +217,12 @@ def _bad_requests() -> dict[str, Any]:
         "wrong shape": pack(wrong_shape),
         "wrong dtype": pack(float_image),
         "nan state": pack({**good, "state": np.full(8, np.nan, np.float32)}),
+        "string state": pack({**good, "state": ["a", 1]}),
+        "ragged state": pack({**good, "state": [[1.0, 2.0], [3.0]]}),
+        "droid gripper [1, 1]": pack({"observation/exterior_image_1_left": good["images"]["primary"],
+                                      "observation/joint_position": np.zeros(7),
+                                      "observation/gripper_position": np.zeros((1, 1)), "prompt": "x",
+                                      "embodiment": "sim_panda"}),
         "unknown embodiment": pack({**good, "embodiment": "r2d2"}),
         "oversize frame": pack({**good, "images": {"primary": np.zeros((640, 640, 3), np.uint8)}}),
     }  # fmt: skip
@@ -231,6 +237,9 @@ EXPECTED_ERRORS = {
     "wrong shape": "state in observation for 'sim_panda': expected [8]",
     "wrong dtype": "expected dtype uint8",
     "nan state": "non-finite value(s)",
+    "string state": "'state' must be a flat list of numbers",
+    "ragged state": "'state' must be a flat list of numbers",
+    "droid gripper [1, 1]": "'observation/gripper_position' must be a 1-D float array",
     "unknown embodiment": "unknown embodiment 'r2d2'",
     "oversize frame": "exceeds the limit of 1048576 bytes",
 }
@@ -347,6 +356,9 @@ def test_rest_act_json_numpy_and_lists(server: Server, policy: Policy) -> None:
             server.http + "/act", json.dumps({**req, "state": [float("nan")] * 7}, default=encode_json_numpy)
         )
     assert e.value.code == 400 and "non-finite" in json.loads(e.value.read())["error"]
+    with pytest.raises(urllib.error.HTTPError) as e:  # a client error, not an internal 500
+        _post(server.http + "/act", json.dumps({**req, "state": ["a", 1]}, default=encode_json_numpy))
+    assert e.value.code == 400 and "'state' must be a flat list" in json.loads(e.value.read())["error"]
     assert _metrics(server)['vla_serve_requests_total{embodiment="widowx_bridge",transport="rest"}'] >= 2
 
 

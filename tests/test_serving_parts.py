@@ -180,6 +180,31 @@ def test_bad_requests_name_the_key(msg: dict[str, Any], message: str) -> None:
         to_observation(msg, SERVED, limits)
 
 
+@pytest.mark.parametrize(
+    ("msg", "message"),
+    [
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": ["a", 1]}, "'state' must be a flat list"),
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [[1, 2], [3]]}, "'state' must be a flat list"),
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [{}]}, "'state' must be a flat list"),
+        ({"observation/exterior_image_1_left": np.zeros((2, 2, 3), np.uint8),
+          "observation/joint_position": np.zeros(7), "observation/gripper_position": np.zeros((1, 1))},
+         "'observation/gripper_position' must be a 1-D float array"),
+        ({"observation/exterior_image_1_left": np.zeros((2, 2, 3), np.uint8),
+          "observation/joint_position": [[0.0] * 7], "observation/gripper_position": 0.5},
+         "'observation/joint_position' must be a 1-D float array"),
+        ({1: 2, "other": 3, "observation/state": np.zeros(8)}, "unexpected key(s) [1, 'other']"),
+    ],
+)  # fmt: skip
+def test_malformed_state_values_are_client_errors_naming_the_key(msg: dict[Any, Any], message: str) -> None:
+    """Strings, ragged lists or a DROID part of the wrong rank in the state, and int keys beside str ones, are the
+    client's error (a ``RequestError`` naming the key: REST 400, text error + 1011), not an internal one."""
+    from vla.serving.server import _client_message, _error_kind
+
+    with pytest.raises(RequestError, match=re.escape(message)) as e:
+        to_observation({**msg, "prompt": "x"}, SERVED, Limits(), default="sim_panda")
+    assert _error_kind(e.value) == "observation" and message in _client_message(e.value)
+
+
 def test_api_key_file_and_header_check(tmp_path: Path) -> None:
     f = tmp_path / "key"
     f.write_text("  0123456789abcdefXYZ  \n# comment\n")
@@ -203,6 +228,109 @@ def test_client_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("ok WebsocketClient"), out.stderr
+
+
+# ---- clients: a reply that comes too late ------------------------------------------------------------------------------
+class _SlowEchoServer:
+    """A tiny websockets server: a metadata frame on connect, then ``{"echo": i}`` per request ``{"i": i}``;
+    request 0 is answered only once ``release`` is set (``late_sent`` is set after that answer was tried)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release, self.late_sent, self.connections = threading.Event(), threading.Event(), 0
+        self._ready, self._stop = threading.Event(), None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30)
+
+    async def _handler(self, ws: Any) -> None:
+        import websockets.exceptions
+
+        self.connections += 1
+        await ws.send(pack({"protocol_version": 1}))
+        async for frame in ws:
+            i = unpack(frame)["i"]
+            if i == 0:
+                while not self.release.is_set():
+                    await asyncio.sleep(0.01)
+            try:
+                await ws.send(pack({"echo": i}))
+            except websockets.exceptions.ConnectionClosed:  # the client dropped the connection: the fix
+                return
+            finally:
+                if i == 0:
+                    self.late_sent.set()
+
+    async def _main(self) -> None:
+        import websockets.asyncio.server
+
+        self._stop = asyncio.get_running_loop().create_future()
+        async with websockets.asyncio.server.serve(self._handler, "127.0.0.1", 0, compression=None) as srv:
+            self.url = f"ws://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+            self._ready.set()
+            await self._stop
+
+    def close(self) -> None:
+        loop = self._stop.get_loop()
+        loop.call_soon_threadsafe(self._stop.set_result, None)
+        self._thread.join(30)
+
+
+def test_sync_client_never_reads_a_late_reply_as_the_next_answer() -> None:
+    """A request that timed out closes the connection: its late reply (request 0's) must not be read as the answer
+    to the next request, which would leave every later answer one request behind."""
+    from vla.serving.client import WebsocketClient
+
+    server = _SlowEchoServer()
+    try:
+        client = WebsocketClient(server.url, timeout=0.2)
+        with pytest.raises(TimeoutError):
+            client.infer({"i": 0})
+        server.release.set()
+        assert server.late_sent.wait(30)  # the late reply went out (or found the connection closed)
+        assert client.infer({"i": 1})["echo"] == 1
+        assert client.infer({"i": 2})["echo"] == 2
+        assert server.connections == 2  # the timed-out connection was replaced by a new one
+        client.close()
+    finally:
+        server.close()
+
+
+def test_async_client_never_reads_a_late_reply_as_the_next_answer() -> None:
+    """The asyncio client, after a timeout and after a cancelled ``infer``: the next call reconnects and gets its
+    own answer."""
+    from vla.serving.client import AsyncWebsocketClient
+
+    server = _SlowEchoServer()
+
+    async def run() -> list[int]:
+        client = await AsyncWebsocketClient.open(server.url, timeout=0.2)
+        with pytest.raises(TimeoutError):
+            await client.infer({"i": 0})
+        server.release.set()
+        while not server.late_sent.is_set():
+            await asyncio.sleep(0.01)
+        answers = [(await client.infer({"i": 1}))["echo"]]
+        server.release.clear()
+        server.late_sent.clear()
+        task = asyncio.ensure_future(client.infer({"i": 0}))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        server.release.set()
+        while not server.late_sent.is_set():
+            await asyncio.sleep(0.01)
+        answers.append((await client.infer({"i": 2}))["echo"])
+        await client.close()
+        return answers
+
+    try:
+        assert asyncio.run(run()) == [1, 2]
+        assert server.connections == 3
+    finally:
+        server.close()
 
 
 # ---- broker -----------------------------------------------------------------------------------------------------------
@@ -245,6 +373,34 @@ def test_broker_prefetch_skips_the_stale_steps_and_blends_the_overlap() -> None:
         ActionChunkBroker(policy, execute=2, prefetch=3)
 
 
+def test_broker_prefetch_sends_the_observation_as_it_was_at_the_call() -> None:
+    """A robot loop refills its camera and state buffers in place right after ``act``: the prefetch thread, which
+    sends later, must send the values of the call (before: it packed whatever the buffers held by then)."""
+    import threading
+
+    release, seen = threading.Event(), []
+
+    class Slow:
+        def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+            if seen:  # the prefetch: reads the observation only after the loop changed its buffers
+                assert release.wait(30)
+            seen.append((obs["state"].copy(), obs["images"]["primary"].copy(), list(obs["extra"])))
+            return {"actions": np.zeros((4, 1), np.float32)}
+
+    state, image, extra = np.zeros(3), np.zeros((2, 2, 3), np.uint8), [0]
+    broker = ActionChunkBroker(Slow(), execute=3, prefetch=1)
+    for t in range(3):  # step 2 starts the prefetch with state == 2
+        state[:], image[:], extra[0] = t, t, t
+        broker.act({"state": state, "images": {"primary": image}, "extra": extra})
+    state[:], image[:], extra[0] = 99, 99, 99  # the loop reuses its buffers before the prefetch ran
+    release.set()
+    broker.act(
+        {"state": state, "images": {"primary": image}, "extra": extra}
+    )  # the switch: joins the prefetch
+    sent_state, sent_image, sent_extra = seen[1]
+    assert np.all(sent_state == 2) and np.all(sent_image == 2) and sent_extra == [2]
+
+
 # ---- micro-batcher and modes on a real Policy --------------------------------------------------------------------------
 def _policy(family: str = "smolvlm") -> Any:
     from vla.data.norm_stats import NormStats, StatsFile
@@ -266,6 +422,98 @@ def _policy(family: str = "smolvlm") -> Any:
         }
     )
     return Policy(model, num_steps=2)
+
+
+def _per_dataset_checkpoint(folder: Path) -> Path:
+    """A tiny ``sim_panda`` + ``widowx_bridge`` checkpoint whose ``sim_panda`` was trained on datasets ``a`` and
+    ``b``, each normalized with its own ``sim_panda@<dataset>`` stats (``widowx_bridge``: the embodiment's)."""
+    from vla.data.norm_stats import NormStats, StatsFile
+    from vla.models.hub import save_pretrained
+    from vla.models.testing import tiny_model
+
+    model = tiny_model(embodiments=tuple(SERVED), seed=3)
+    rng = np.random.default_rng(0)
+
+    def stats(dim: int) -> NormStats:
+        x = rng.uniform(-1, 1, (100, dim))
+        return NormStats(mean=x.mean(0), std=x.std(0), min=x.min(0), max=x.max(0),
+                         q01=np.quantile(x, 0.01, 0), q99=np.quantile(x, 0.99, 0), count=100)  # fmt: skip
+
+    keys = {"sim_panda@a": "sim_panda", "sim_panda@b": "sim_panda", "widowx_bridge": "widowx_bridge"}
+    model.norm_stats = StatsFile(
+        stats={
+            k: {f: stats(len(model.spec(e).limits(f)[0])) for f in ("state", "action")}
+            for k, e in keys.items()
+        }
+    )
+    model.preprocessing = {
+        "stats_keys": {
+            "a": {"state": "sim_panda@a", "action": "sim_panda@a"},
+            "b": {"state": "sim_panda@b", "action": "sim_panda@b"},
+            "w": {"state": "widowx_bridge", "action": "widowx_bridge"},
+        }
+    }
+    return Path(save_pretrained(model, folder / "per_dataset"))
+
+
+def test_stats_dataset_flag_serves_an_embodiment_with_several_datasets_stats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: Any
+) -> None:
+    """An embodiment trained on several datasets, each with its own stats, is served with ``vla serve
+    --stats-dataset EMB=DATASET``; without ``--embodiment`` (and no choice) it is left out with a warning naming the
+    flag while the others are served; named with ``--embodiment`` it is refused, naming the flag."""
+    import logging
+
+    from vla.cli import main
+    from vla.policy import AmbiguousStatsError, Policy
+    from vla.serving import server
+
+    ckpt = _per_dataset_checkpoint(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vla.policy"):
+        assert Policy.from_checkpoint(ckpt).embodiments == ["widowx_bridge"]
+    assert "--stats-dataset sim_panda=a" in caplog.text and "'sim_panda' is not served" in caplog.text
+    with pytest.raises(AmbiguousStatsError, match="--stats-dataset sim_panda=a"):
+        Policy.from_checkpoint(ckpt, embodiments=["sim_panda"])
+    served: list[Any] = []
+
+    def fake_run_server(
+        serving: Any, *, on_ready: Any = None
+    ) -> int:  # what would be served, without serving
+        served.append(serving.policy)
+        serving.batcher.close(timeout=30)
+        serving.batcher.model_thread.close()
+        return 0
+
+    monkeypatch.setattr(server, "run_server", fake_run_server)
+    flags = ["--port", "0", "--dtype", "float32", "--no-compile", "--attention", "sdpa", "--num-steps", "1"]
+    assert main(["serve", str(ckpt), "--stats-dataset", "sim_panda=b", *flags]) == 0
+    policy = served[-1]
+    assert policy.embodiments == ["sim_panda", "widowx_bridge"]
+    assert policy._transforms["sim_panda"].state.name == "sim_panda@b/state"
+    assert policy._transforms["sim_panda"].action.name == "sim_panda@b/action"
+    assert main(["serve", str(ckpt), *flags]) == 0 and served[-1].embodiments == ["widowx_bridge"]
+    capsys.readouterr()
+    for bad, message in (
+        (["--stats-dataset", "sim_panda=zzz"], "no stats of dataset 'zzz' for 'sim_panda'"),
+        (["--stats-dataset", "r2d2=a"], "stats dataset chosen for ['r2d2']"),
+        (
+            ["--stats-dataset", "sim_panda=a", "--stats-dataset", "sim_panda=b"],
+            "two datasets for 'sim_panda'",
+        ),
+        (["--embodiment", "sim_panda"], "--stats-dataset sim_panda=a"),
+    ):
+        assert main(["serve", str(ckpt), *bad, *flags]) == 2, bad
+        assert message in capsys.readouterr().err, bad
+    with pytest.raises(SystemExit):
+        main(["serve", str(ckpt), "--stats-dataset", "sim_panda", *flags])
+    assert "expected EMBODIMENT=DATASET" in capsys.readouterr().err
+    # `vla model info` still reports the choice serving needs, and evaluating that embodiment says why it cannot
+    assert main(["model", "info", str(ckpt), "--json"]) == 0
+    assert "--stats-dataset sim_panda=a" in json.loads(capsys.readouterr().out)["serving_problem"]
+    from vla.eval.policies import CheckpointPolicy
+
+    with pytest.raises(AmbiguousStatsError, match="--stats-dataset sim_panda=a"):
+        CheckpointPolicy(ckpt, "sim_panda")
 
 
 def test_the_model_loads_and_runs_on_one_thread() -> None:
@@ -570,6 +818,84 @@ def test_soft_capped_models_are_served_with_the_explicit_kernel_only() -> None:
     assert trials[0].rel_error == 0.0 and policy.model.inference_attention == "explicit"
 
 
+def test_a_mode_with_a_non_finite_warm_up_chunk_is_refused_unless_it_is_the_only_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A candidate whose warm-up chunk is non-finite (a bf16 overflow, say) is logged and left out instead of
+    stopping ``vla serve`` from starting; the model ends prepared in a mode that was kept, even when the refused one
+    ran last. Only when no candidate is left is the error raised."""
+    import logging
+
+    from vla.policy import ActionSafetyError
+    from vla.serving.modes import Mode, select_mode
+
+    policy = _policy()
+    real = policy.infer_batch
+
+    def nan_in_bf16(observations: list, **kw: Any) -> list:
+        if policy.model.embodiment_tokens.weight.dtype == torch.bfloat16:
+            raise ActionSafetyError("policy: non-finite action chunk for 'sim_panda' (dims ['x'])")
+        return real(observations, **kw)
+
+    monkeypatch.setattr(policy, "infer_batch", nan_in_bf16)
+    for candidates in (
+        [Mode("float32", False, "sdpa"), Mode("bfloat16", False, "sdpa")],
+        [Mode("float32", False, None), Mode("bfloat16", False, None)],  # both kernels of bf16 refused
+    ):
+        with caplog.at_level(logging.WARNING, logger="vla.serving.modes"):
+            mode, trials = select_mode(policy, candidates, [1, 2], repeats=1)
+        assert mode.dtype == "float32" and {t.mode.dtype for t in trials} == {"float32"}
+        assert policy.model.embodiment_tokens.weight.dtype == torch.float32  # not left in the refused mode
+        assert "serving mode bfloat16 eager" in caplog.text and "refused" in caplog.text
+        caplog.clear()
+    with pytest.raises(ActionSafetyError, match="non-finite"):
+        select_mode(policy, [Mode("bfloat16", False, None)], [1], repeats=1)
+
+
+def test_compiled_warm_up_covers_every_embodiment_two_prompt_lengths_and_both_batch_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled graph specializes on the first prompt token count it sees and recompiles once (as dynamic) at the
+    second; the kept compiled mode is warmed up at batch 1 and ``--max-batch`` with every served embodiment and two
+    prompt lengths (and a mixed batch), so the first real request does not pay that recompile after ``/healthz``.
+    (Measured with Inductor on this tiny model: after this warm-up, requests with new prompt lengths, batch sizes
+    and embodiment mixes compiled no new graph.) Compiling is replaced by an eager run: the plan is under test."""
+    from dataclasses import replace
+
+    from vla.serving import modes
+    from vla.serving.modes import Mode, select_mode
+
+    real_prepare = modes._prepare
+    monkeypatch.setattr(modes, "_prepare", lambda p, m: real_prepare(p, replace(m, compile=False)))
+    policy = _policy()
+    real = policy.infer_batch
+    calls: list[tuple[int, frozenset[str], frozenset[str]]] = []
+
+    def recording(observations: list, **kw: Any) -> list:
+        calls.append(
+            (
+                len(observations),
+                frozenset(o.embodiment for o in observations),
+                frozenset(o.prompt for o in observations),
+            )
+        )
+        return real(observations, **kw)
+
+    monkeypatch.setattr(policy, "infer_batch", recording)
+    for candidate in (Mode("float32", True, "sdpa"), Mode("float32", True, None)):  # warmed only / timed
+        calls.clear()
+        mode, _ = select_mode(policy, [candidate], [1, 4], repeats=1)
+        assert mode.compile
+        for batch in (1, 4):
+            for embodiment in SERVED:
+                prompts = {p for b, e, ps in calls if b == batch and e == {embodiment} for p in ps}
+                tokens = {
+                    policy.model.backbone.tokenize([p], torch.device("cpu"))[0].shape[1] for p in prompts
+                }
+                assert len(tokens) >= 2, (batch, embodiment, prompts)  # two prompt token counts
+        assert any(b == 4 and len(e) == 2 and len(ps) == 2 for b, e, ps in calls)  # a mixed batch
+
+
 def test_every_trial_starts_from_the_weights_as_loaded() -> None:
     """prepare_inference casts in place: a float32 trial after a bf16 one must run (and keep) the weights as loaded,
     not bf16-rounded ones; parameters and every floating buffer (non-persistent ones too) come back bitwise."""
@@ -607,7 +933,7 @@ def test_connection_limit_refuses_the_extra_client_with_a_message_and_frees_its_
             with pytest.raises(WebSocketDenialResponse) as refused, client.websocket_connect("/"):
                 pass
             assert refused.value.status_code == 503
-            assert "too many connections (limit 1, --max-connections)" in refused.value.text
+            assert "too many connections (limit 1, --max-connections" in refused.value.text
             assert serving.connections == 1
         with client.websocket_connect("/") as again:
             assert again.receive_bytes()

@@ -184,10 +184,11 @@ def cmd_model_init(args: argparse.Namespace) -> int:
 def _serving_problem(model: FlowVLA, target: Path) -> str | None:
     """Why ``Policy`` would refuse to serve this checkpoint with its stats (NaN or degenerate bounds, stats keyed
     for another embodiment, ...), checked the way serving checks it; None when it would serve."""
-    from vla.policy import Policy
+    from vla.policy import Policy, _default_embodiments
 
     try:
-        Policy(model, name=str(target))
+        # every embodiment it would serve, named: one that needs a --stats-dataset choice is reported, not skipped
+        Policy(model, name=str(target), embodiments=_default_embodiments(model, str(target)))
     except ValueError as e:
         return str(e)
     return None

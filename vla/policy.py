@@ -19,6 +19,7 @@ request's seed, so a sample's chunk does not depend on what else is in its batch
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,13 @@ if TYPE_CHECKING:
     from vla.embodiments.spec import EmbodimentSpec
     from vla.models.policies.flow_vla import FlowVLA
     from vla.predict import Preprocessing
+
+
+log = logging.getLogger(__name__)
+
+
+class AmbiguousStatsError(ValueError):
+    """An embodiment was trained on several datasets, each normalized with its own stats, and none was picked."""
 
 
 class ActionSafetyError(RuntimeError):
@@ -94,8 +102,27 @@ class Policy:
         if not served:
             raise ValueError(f"{name or 'checkpoint'}: no embodiment to serve")
         chosen = stats_datasets or {}
-        self._transforms = {e: _transforms(model, e, chosen.get(e), name) for e in served}
-        self.embodiments = served
+        unknown = sorted(set(chosen) - set(model.embodiment_ids))
+        if unknown:
+            raise ValueError(
+                f"{name or 'checkpoint'}: stats dataset chosen for {unknown}, which this checkpoint does not have; "
+                f"it has {sorted(model.embodiment_ids)}"
+            )
+        self._transforms = {}
+        for e in served:
+            try:
+                self._transforms[e] = _transforms(model, e, chosen.get(e), name)
+            except AmbiguousStatsError as err:
+                if embodiments is not None:  # asked for by name: refused
+                    raise
+                log.warning("%s; %r is not served", err, e)  # the others still can be
+        if not self._transforms:
+            raise ValueError(
+                f"{name or 'checkpoint'}: no embodiment can be served without choosing stats: "
+                f"{[e for e in served if e not in chosen]} each have several datasets' own stats "
+                "(vla serve --stats-dataset EMBODIMENT=DATASET; Policy(..., stats_datasets={...}))"
+            )
+        self.embodiments = list(self._transforms)
         self._max_horizon = int(model.chunk_lengths.max())
 
     @classmethod
@@ -206,7 +233,14 @@ class Policy:
             images[slot] = resize_images(frames, tr.pre.image_size)
         state = np.asarray(obs.state, dtype=np.float32)
         if tr.state is not None:
-            state = np.asarray(tr.state(state.astype(np.float64)), dtype=np.float32)
+            with np.errstate(over="ignore"):
+                state = np.asarray(tr.state(state.astype(np.float64)), dtype=np.float32)
+            if not np.isfinite(state).all():  # in float32 range, but not once divided by a tiny spread
+                names = [tr.spec.state_names()[i] for i in np.flatnonzero(~np.isfinite(state))]
+                raise ObservationError(
+                    f"state in observation for {obs.embodiment!r}: value(s) at {names} overflow float32 once "
+                    f"normalized with the checkpoint's stats: {np.asarray(obs.state)[~np.isfinite(state)].tolist()}"
+                )
         horizon, width = tr.pre.chunk_length, tr.spec.action_dim
         return {
             "images": images,
@@ -349,9 +383,10 @@ def _stats_dataset(model: FlowVLA, emb: str, chosen: str | None, name: str) -> s
     if own and not shared:
         if len(own) == 1:
             return own[0]
-        raise ValueError(
+        raise AmbiguousStatsError(
             f"{name or 'checkpoint'}: {emb!r} was trained on datasets {own}, each normalized with its own stats; "
-            f"pick the one whose conventions the robot follows (stats_datasets={{{emb!r}: {own[0]!r}}})"
+            f"pick the one whose conventions the robot follows (vla serve --stats-dataset {emb}={own[0]}; "
+            f"stats_datasets={{{emb!r}: {own[0]!r}}} in Python)"
         )
     return None
 
@@ -381,4 +416,4 @@ def _transforms(model: FlowVLA, emb: str, chosen: str | None, name: str) -> _Tra
     return _Transforms(spec=spec, pre=pre, state=state, action=action, low=low, high=high)
 
 
-__all__ = ["ActionChunk", "ActionSafetyError", "Policy"]
+__all__ = ["ActionChunk", "ActionSafetyError", "AmbiguousStatsError", "Policy"]

@@ -254,9 +254,18 @@ class Observation:
             )
         if not np.issubdtype(state.dtype, np.floating) and not np.issubdtype(state.dtype, np.integer):
             raise ObservationError(f"state in {where}: expected a float array, got dtype {state.dtype}")
-        bad = np.flatnonzero(~np.isfinite(state.astype(np.float64)))
+        values = state.astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             names = spec.state_names()
             raise ObservationError(
                 f"state in {where}: non-finite value(s) at {[names[i] for i in bad]}: {state[bad].tolist()}"
+            )
+        # the model runs float32: a larger value would turn into inf there and come back as unsafe actions
+        huge = np.flatnonzero(np.abs(values) > np.finfo(np.float32).max)
+        if huge.size:
+            names = spec.state_names()
+            raise ObservationError(
+                f"state in {where}: value(s) at {[names[i] for i in huge]} beyond float32's range "
+                f"(|x| <= {float(np.finfo(np.float32).max):.4g}): {state[huge].tolist()}"
             )

@@ -123,6 +123,9 @@ class CheckpointPolicy(_ChunkPolicy):
         self.policy = Policy.from_checkpoint(path, device=device, dtype=dtype, num_steps=num_steps)
         self.history = int(self.policy.metadata()["obs_history"])
         if embodiment not in self.policy.embodiments:
+            # in the checkpoint but not served: naming it raises the reason (e.g. its stats need a choice)
+            if embodiment in self.policy.model.embodiment_ids:
+                Policy(self.policy.model, embodiments=[embodiment], num_steps=num_steps, name=str(path))
             raise ValueError(
                 f"checkpoint {path} does not serve embodiment {embodiment!r} (it serves {self.policy.embodiments}); "
                 f"evaluate it on one of those, or fine-tune it on {embodiment!r} first"

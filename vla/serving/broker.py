@@ -30,7 +30,8 @@ class ActionChunkBroker:
     """One action ``[A]`` per ``act(obs)`` call from chunks ``[H, A]`` of ``policy.infer``.
 
     ``execute``: actions used from each chunk before re-querying (1 <= k <= H, checked at the first chunk).
-    ``prefetch``: query p steps before the chunk runs out, in a background thread (0 = off).
+    ``prefetch``: query p steps before the chunk runs out, in a background thread (0 = off); the observation's
+    arrays are copied at the ``act`` call, so the robot loop may refill its buffers right after it.
     ``blend``: steps of linear blend after a prefetched switch (default ``prefetch``; 0 = switch hard).
     ``last_response`` holds the newest full response (timings, safety counts).
     """
@@ -85,6 +86,10 @@ class ActionChunkBroker:
         return chunk
 
     def _start_prefetch(self, obs: dict[str, Any]) -> None:
+        # copied now, on the caller's thread: a robot loop refills its camera and state buffers in place while the
+        # background thread would still be packing them
+        obs = _snapshot(obs)
+
         def run() -> None:
             try:
                 self._pending = self.policy.infer(obs)
@@ -123,3 +128,14 @@ class ActionChunkBroker:
             chunk[j] = w * chunk[j] + (1 - w) * old[self.execute + j]
         self._step = 0
         return chunk
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of an observation's numpy arrays, dicts, lists and tuples (other values are immutable or shared)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_snapshot(v) for v in value)
+    return value

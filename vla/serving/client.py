@@ -23,7 +23,10 @@ Needs only numpy, msgpack and websockets (``pip install numpy msgpack websockets
 ``AsyncWebsocketClient`` is the same for asyncio (``async with`` / ``await client.infer(obs)``). A server error
 (bad request, unsafe actions) raises ``ServerError`` with the server's one-line message; the server closes the
 connection after an error and the next ``infer`` reconnects. A dropped connection is re-opened and the request
-sent once more (``retries``), with ``timeout`` seconds for each response.
+sent once more (``retries``), with ``timeout`` seconds for each response. Any other failure of a request (a
+timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection before it is raised, and the
+next ``infer`` reconnects: the late reply to the abandoned request must never be read as the answer to the next one
+(a robot would act on an old chunk).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ _SYNC_LEGACY = (
 )
 # Responses are small ([H, A] floats); this only bounds a misbehaving server.
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# Seconds a close handshake may take: a connection dropped after a timeout may lead to a hung server.
+_CLOSE_TIMEOUT = 2.0
 
 
 class ServerError(RuntimeError):
@@ -101,6 +106,7 @@ class WebsocketClient:
                     max_size=_MAX_RESPONSE_BYTES,
                     additional_headers=_headers(self.api_key),
                     open_timeout=max(1.0, deadline - time.monotonic()),
+                    close_timeout=_CLOSE_TIMEOUT,
                     **_SYNC_LEGACY,
                 )
                 break
@@ -110,7 +116,11 @@ class WebsocketClient:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.2)
-        self.metadata = _response(self._ws.recv(timeout=self.timeout))
+        try:
+            self.metadata = _response(self._ws.recv(timeout=self.timeout))
+        except BaseException:
+            self._drop()
+            raise
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         """Send one observation, return the server's response (``actions`` float32 [H, A], ``server_timing``, ...)."""
@@ -122,14 +132,32 @@ class WebsocketClient:
                 self._ws.send(frame)
                 reply = self._ws.recv(timeout=self.timeout)
             except websockets.exceptions.ConnectionClosed:
-                self._ws = None
+                self._drop()
                 if attempt == self.retries:
                     raise
                 continue
+            except BaseException:  # a timeout or Ctrl-C: the late reply must not answer the next request
+                self._drop()
+                raise
             if isinstance(reply, str):
                 self.close()  # the server closes after an error; the next call reconnects
-            return _response(reply)
+            try:
+                return _response(reply)
+            except ServerError:
+                raise
+            except BaseException:  # a malformed response: the connection's state is unknown
+                self._drop()
+                raise
         raise AssertionError("unreachable")
+
+    def _drop(self) -> None:
+        """Close the connection after a failed request (errors closing it are ignored); the next call reconnects."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                ws.close()
+            except Exception:  # already broken: nothing left to close cleanly
+                ws.socket.close()
 
     def close(self) -> None:
         if self._ws is not None:
@@ -182,6 +210,7 @@ class AsyncWebsocketClient:
                     max_size=_MAX_RESPONSE_BYTES,
                     additional_headers=_headers(self.api_key),
                     open_timeout=max(1.0, deadline - time.monotonic()),
+                    close_timeout=_CLOSE_TIMEOUT,
                 )
                 break
             except websockets.exceptions.InvalidStatus:
@@ -190,7 +219,11 @@ class AsyncWebsocketClient:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.2)
-        self.metadata = _response(await asyncio.wait_for(self._ws.recv(), self.timeout))
+        try:
+            self.metadata = _response(await asyncio.wait_for(self._ws.recv(), self.timeout))
+        except BaseException:
+            self._abort()
+            raise
 
     async def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         """Send one observation and await the server's response."""
@@ -202,14 +235,31 @@ class AsyncWebsocketClient:
                 await self._ws.send(frame)
                 reply = await asyncio.wait_for(self._ws.recv(), self.timeout)
             except websockets.exceptions.ConnectionClosed:
-                self._ws = None
+                self._abort()
                 if attempt == self.retries:
                     raise
                 continue
+            except BaseException:
+                # a timeout or a cancelled await: the late reply must not answer the next request
+                self._abort()
+                raise
             if isinstance(reply, str):
                 await self.close()
-            return _response(reply)
+            try:
+                return _response(reply)
+            except ServerError:
+                raise
+            except BaseException:  # a malformed response: the connection's state is unknown
+                self._abort()
+                raise
         raise AssertionError("unreachable")
+
+    def _abort(self) -> None:
+        """Drop the connection after a failed request at once (no awaiting: the task may be cancelled); the next
+        call reconnects."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            ws.transport.abort()
 
     async def close(self) -> None:
         if self._ws is not None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer, check_inference_attention
-from vla.policy import Policy
+from vla.policy import ActionSafetyError, Policy
 from vla.types import Observation
 
 log = logging.getLogger(__name__)
@@ -105,20 +105,52 @@ def candidates(
     return [Mode(d, c, attention) for d in dtypes for c in compiles]
 
 
-def synthetic_observations(policy: Policy, n: int, seed: int = 0) -> list[Observation]:
-    """``n`` observations cycling over the served embodiments: random pixels at each camera's native size and a
-    state in the middle of the spec's limits (0 where unbounded)."""
+#: Warm-up instructions of different token counts: a compiled graph specializes on the first prompt length it sees
+#: and recompiles (once, as dynamic) at the second; warm-up must pay that, not the first real request.
+WARM_UP_PROMPTS = (
+    "pick up the red cube",
+    "put the red cube into the blue bowl on the left side of the table, then push the bowl to the right edge",
+)
+
+
+def synthetic_observations(
+    policy: Policy,
+    n: int,
+    seed: int = 0,
+    *,
+    embodiment: str | None = None,
+    prompts: tuple[str, ...] = WARM_UP_PROMPTS[:1],
+) -> list[Observation]:
+    """``n`` observations cycling over the served embodiments (or all of ``embodiment``) and over ``prompts``:
+    random pixels at each camera's native size and a state in the middle of the spec's limits (0 where
+    unbounded)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        spec = policy.spec(policy.embodiments[i % len(policy.embodiments)])
+        spec = policy.spec(embodiment or policy.embodiments[i % len(policy.embodiments)])
         images = {
             s: rng.integers(0, 256, (c.height, c.width, 3), dtype=np.uint8) for s, c in spec.cameras.items()
         }
         lo, hi = spec.limits("state")
         state = np.where(np.isfinite(lo) & np.isfinite(hi), (np.nan_to_num(lo) + np.nan_to_num(hi)) / 2, 0.0)
-        out.append(Observation(images, state.astype(np.float32), "pick up the red cube", spec.name))
+        out.append(Observation(images, state.astype(np.float32), prompts[i % len(prompts)], spec.name))
     return out
+
+
+def warm_up(policy: Policy, batch_sizes: list[int]) -> None:
+    """Run the shapes requests bring, so that compiled graphs are built (and their varying dimensions marked
+    dynamic) before ``/healthz`` turns OK: at each batch size, each served embodiment alone (its cameras, state
+    width and chunk length) with each of ``WARM_UP_PROMPTS`` (two prompt token counts), then all embodiments and
+    both prompts mixed in one batch. Dynamo specializes a graph on the first shapes it sees and recompiles once, as
+    dynamic, when a dimension changes; without this the first real request with a new prompt length would."""
+    for b in sorted(set(batch_sizes)):
+        for embodiment in policy.embodiments:
+            for prompt in WARM_UP_PROMPTS:
+                obs = synthetic_observations(policy, b, seed=b, embodiment=embodiment, prompts=(prompt,))
+                policy.infer_batch(obs, seeds=list(range(b)))
+        if b > 1:
+            obs = synthetic_observations(policy, b, seed=b, prompts=WARM_UP_PROMPTS)
+            policy.infer_batch(obs, seeds=list(range(b)))
 
 
 def select_mode(
@@ -132,14 +164,19 @@ def select_mode(
     """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A mode whose attention is
     None is timed with both kernels where eager, and with the winner of its dtype's accepted eager trials where
     compiled (both when there is none); a soft-capped model runs the explicit form only. A single mode with its
-    kernel set is only prepared and warmed up (nothing to compare)."""
+    kernel set is only prepared and warmed up (nothing to compare). A candidate whose chunk is non-finite
+    (``ActionSafetyError``, e.g. a bf16 overflow) is logged and left out; when every candidate is, that error is
+    raised (nothing can be served)."""
     batch_sizes = sorted(set(batch_sizes))
     capped = softcapped(policy)
     if capped:  # only the explicit form has soft-capping: whatever the kernel, it is what runs
         modes = list(dict.fromkeys(Mode(m.dtype, m.compile, "explicit") for m in modes))
     if len(modes) == 1 and modes[0].attention is not None:
         _prepare(policy, modes[0])
-        _time(policy, batch_sizes, repeats=0)  # warm-up only (compiles when compiling)
+        if modes[0].compile:
+            warm_up(policy, batch_sizes)  # every embodiment, two prompt lengths, each batch size
+        else:
+            _time(policy, batch_sizes, repeats=0)  # eager: nothing to compile, one call per batch size
         return modes[0], []
     loaded = _LoadedWeights(policy.model)
     probe = synthetic_observations(policy, max(batch_sizes))
@@ -153,6 +190,8 @@ def select_mode(
     reference = chunks()
     scale = float(np.abs(reference).max()) or 1.0
     trials: list[Trial] = []
+    prepared: Mode | None = reference_mode  # what policy.model runs now (None: unknown)
+    unsafe: ActionSafetyError | None = None
     for candidate in modes:
         kernels = [candidate.attention] if candidate.attention else list(INFERENCE_ATTENTION)
         if candidate.attention is None and candidate.compile:
@@ -168,23 +207,44 @@ def select_mode(
             errors = {}
             for kernel in kernels:
                 policy.model.set_inference_attention(kernel)
-                errors[kernel] = float(np.abs(chunks() - reference).max()) / scale
-            timings = _time_kernels(policy, batch_sizes, kernels, repeats=repeats)
+                prepared = Mode(candidate.dtype, False, kernel)
+                try:
+                    errors[kernel] = float(np.abs(chunks() - reference).max()) / scale
+                except ActionSafetyError as e:
+                    unsafe = _refuse(prepared, e)
+            kernels = list(errors)
+            if not kernels:
+                continue
+            try:
+                timings = _time_kernels(policy, batch_sizes, kernels, repeats=repeats)
+            except ActionSafetyError as e:  # non-finite at another batch size
+                unsafe = _refuse(Mode(candidate.dtype, False, "|".join(kernels)), e)
+                prepared = None  # whichever kernel the timing left set
+                continue
             for kernel in kernels:
                 mode, error = Mode(candidate.dtype, False, kernel), errors[kernel]
                 trial = Trial(mode, timings[kernel], error, error <= tolerance)
                 trials.append(trial)
                 log.info("serving mode %s: %s", trial.mode, trial.to_dict())
             policy.model.set_inference_attention(kernels[-1])  # the last trial's mode is what stays prepared
+            prepared = Mode(candidate.dtype, False, kernels[-1])
             continue
         for kernel in kernels:
             mode = Mode(candidate.dtype, candidate.compile, kernel)
             loaded.prepare(policy, mode)
-            rel = float(np.abs(chunks() - reference).max()) / scale
-            timing = _time(policy, batch_sizes, repeats=repeats)
+            prepared = mode
+            try:
+                rel = float(np.abs(chunks() - reference).max()) / scale
+                timing = _time(policy, batch_sizes, repeats=repeats)
+            except ActionSafetyError as e:
+                unsafe = _refuse(mode, e)
+                continue
             trial = Trial(mode, timing, rel, rel <= tolerance)
             trials.append(trial)
             log.info("serving mode %s: %s", mode, trial.to_dict())
+    if not trials:  # every candidate produced non-finite chunks: nothing to serve
+        assert unsafe is not None
+        raise unsafe
     accepted = [t for t in trials if t.accepted]
     if not accepted:  # only modes the user asked for were tried: keep their choice, say so
         log.warning(
@@ -192,11 +252,17 @@ def select_mode(
         )
         accepted = trials
     best = _fastest(accepted)
-    if best is not trials[-1]:  # the last trial's mode is prepared and warm already
+    if best.mode != prepared:  # the mode prepared last is warm already
         loaded.prepare(policy, best.mode)
-        if best.mode.compile:
-            _time(policy, batch_sizes, repeats=0)  # compile the kept graphs before the first request
+    if best.mode.compile:  # compile the kept graphs for every shape family before the first request
+        warm_up(policy, batch_sizes)
     return best.mode, trials
+
+
+def _refuse(mode: Mode, error: ActionSafetyError) -> ActionSafetyError:
+    """Log a candidate left out for its non-finite chunk; returns the error (raised when no candidate is left)."""
+    log.warning("serving mode %s refused: its warm-up chunk is not finite (%s)", mode, error)
+    return error
 
 
 def time_forward(policy: Policy) -> float:

@@ -140,7 +140,7 @@ def _seed(value: Any) -> int | None:
 
 
 def _only(keys: set[str], allowed: set[str], layout: str) -> None:
-    extra = sorted(keys - allowed)
+    extra = sorted(keys - allowed, key=str)  # a msgpack map may have int keys next to str ones
     if extra:
         raise RequestError(
             f"unexpected key(s) {extra} in a {layout} request; accepted keys are {sorted(allowed)} plus "
@@ -167,6 +167,12 @@ def _droid(msg: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], Any]:
     gripper = _state(
         _required(msg, "observation/gripper_position"), "observation/gripper_position", scalar=True
     )
+    for key, part in (("observation/joint_position", joints), ("observation/gripper_position", gripper)):
+        if part.ndim != 1:  # the two are joined into one state vector
+            raise RequestError(
+                f"'{key}' must be a 1-D float array (joint_position [7], gripper_position [1] or one number), "
+                f"got shape {list(part.shape)}"
+            )
     return images, np.concatenate([joints, gripper])
 
 
@@ -218,8 +224,16 @@ def _uint8_list(what: str, value: list[Any]) -> np.ndarray | list[Any]:
 
 
 def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarray:
+    """``value`` as a number array (``scalar``: a single number becomes ``[1]``); a list of non-numbers or a ragged
+    list is a ``RequestError`` naming ``key`` (the shape is checked against the spec by ``Observation.validate``)."""
     if isinstance(value, list | tuple | int | float) and not isinstance(value, bool):
-        value = np.asarray(value, dtype=np.float64)
+        try:
+            value = np.asarray(value, dtype=np.float64)
+        except (ValueError, TypeError):
+            raise RequestError(
+                f"'{key}' must be a flat list of numbers (a float array [S]); got a list holding non-numbers or "
+                "nested lists of unequal lengths"
+            ) from None
     if isinstance(value, np.generic):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf":

@@ -2,10 +2,13 @@
 
     vla serve CKPT [--host 127.0.0.1] [--port 8000] [--api-key-file F] [--embodiment NAME ...] [--max-batch 8]
                    [--batch-window-ms 2] [--dtype bfloat16|float32] [--compile/--no-compile]
-                   [--attention sdpa|explicit] [--max-frame-mb 64]
+                   [--attention sdpa|explicit] [--max-frame-mb 64] [--stats-dataset EMBODIMENT=DATASET ...]
 
 Start-up refuses (exit 2, one line naming the fix) a checkpoint without stats for a requested embodiment, an
-unreadable or short API key file and bad flags, before binding the port. ``--dtype``/``--compile``/``--attention``
+unreadable or short API key file and bad flags, before binding the port. An embodiment trained on several datasets,
+each normalized with its own stats, needs ``--stats-dataset EMBODIMENT=DATASET`` (whose conventions the robot
+follows); without ``--embodiment`` such an embodiment is left out with a warning naming the flag, and the others
+are served. ``--dtype``/``--compile``/``--attention``
 left out: every combination is timed at warm-up and the fastest within 1 % of the fp32 chunk is kept
 (``vla.serving.modes``). Then one line on stdout::
 
@@ -42,6 +45,15 @@ def add_serve_parser(sub: Any) -> None:
         default=None,
         help="serve this one (repeatable; default: all with stats)",
     )
+    s.add_argument(
+        "--stats-dataset",
+        action="append",
+        type=_stats_dataset,
+        default=None,
+        metavar="EMBODIMENT=DATASET",
+        help="for an embodiment trained on several datasets each normalized with its own stats: the dataset whose "
+        "stats (and conventions) the robot follows (repeatable, one per embodiment)",
+    )
     s.add_argument("--max-batch", type=int, default=8, help="most requests run in one forward pass")
     s.add_argument(
         "--batch-window-ms",
@@ -71,7 +83,12 @@ def add_serve_parser(sub: Any) -> None:
         "faster; a soft-capped model, Gemma2, runs the explicit form)",
     )
     s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest request accepted (MiB)")
-    s.add_argument("--max-connections", type=int, default=64, help="concurrent WebSocket connections")
+    s.add_argument(
+        "--max-connections",
+        type=int,
+        default=64,
+        help="concurrent WebSocket connections plus REST requests in progress (past it: HTTP 503)",
+    )
     s.add_argument("--max-prompt-chars", type=int, default=2000, help="longest prompt accepted")
     s.add_argument("--max-image-side", type=int, default=4096, help="largest image side accepted (pixels)")
     s.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
@@ -90,6 +107,26 @@ def _window_ms(text: str) -> float | None:
     if not 0 <= value <= 1000:  # also refuses nan and inf (a queue wait must be finite)
         raise argparse.ArgumentTypeError(f"must be in [0, 1000] ms (or 'auto'), got {text}")
     return value
+
+
+def _stats_dataset(text: str) -> tuple[str, str]:
+    """``--stats-dataset EMBODIMENT=DATASET`` -> (embodiment, dataset)."""
+    emb, sep, dataset = text.partition("=")
+    if not sep or not emb.strip() or not dataset.strip():
+        raise argparse.ArgumentTypeError(f"expected EMBODIMENT=DATASET, got {text!r}")
+    return emb.strip(), dataset.strip()
+
+
+def _stats_datasets(pairs: list[tuple[str, str]] | None) -> dict[str, str] | None:
+    """The repeated ``--stats-dataset`` flags as ``Policy``'s ``stats_datasets`` (one dataset per embodiment)."""
+    out: dict[str, str] = {}
+    for emb, dataset in pairs or []:
+        if out.get(emb, dataset) != dataset:
+            raise ValueError(
+                f"--stats-dataset: two datasets for {emb!r} ({out[emb]!r}, {dataset!r}); give one"
+            )
+        out[emb] = dataset
+    return out or None
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -128,6 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         embodiments=args.embodiment,
         device=args.device,
         num_steps=args.num_steps,
+        stats_datasets=_stats_datasets(args.stats_dataset),
     )
     # the bf16 probe inside candidates() is torch work too: on the model thread
     modes = model_thread.call(candidates, args.dtype, args.compile, args.device, attention=args.attention)

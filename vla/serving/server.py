@@ -8,15 +8,22 @@ Routes (all on one port):
   Response: ``actions`` float32 ``[H, A]`` (robot units, clamped to the spec's limits), ``embodiment``,
   ``safety: {clamped: int64 [A], clamped_total}``, ``server_timing: {infer_ms, batch_size, queue_ms,
   prev_total_ms (from the 2nd request)}``. A bad request gets a short text frame, then close 1011 (openpi's
-  behaviour); other connections are unaffected.
+  behaviour); other connections are unaffected. The one exception: a frame over twice ``--max-frame-mb`` is cut
+  off by the protocol layer as it arrives (close 1009, the reason naming that size), so that it never has to be
+  held in memory; a frame between one and two times the limit gets the text error and 1011. The server pings every
+  connection (``ping_interval_s``) and closes one whose client does not answer within ``ping_timeout_s``.
 * ``POST /act``      the same request as JSON (json-numpy ``{"__numpy__": b64, "dtype", "shape"}`` arrays as OpenVLA's
   deploy script sends them, or plain nested lists) -> JSON response with lists; errors as ``{"error", "kind"}``.
+  The body is decoded and turned into an observation on a worker thread (a large JSON body takes seconds; the
+  event loop keeps serving the WebSocket clients meanwhile). A request in progress counts against
+  ``max_connections`` like a WebSocket connection; past it, 503.
 * ``GET /healthz``   ``OK`` (200) when serving; 503 while shutting down.
 * ``GET /metadata``  the metadata frame as JSON.  ``GET /metrics``  Prometheus text (``vla.serving.metrics``).
 
 With an API key every WebSocket handshake and REST request needs ``Authorization: Api-Key <key>`` (else HTTP 401,
 before any model work). The model runs on the ``MicroBatcher``'s thread, never on the event loop. SIGINT/SIGTERM:
-stop accepting, let in-flight requests finish (``drain_s`` at most), exit 0.
+stop accepting (new handshakes and ``/act`` get 503; a request arriving on an open connection gets the text error
+"server is shutting down" and close 1001), let in-flight requests finish (``drain_s`` at most), exit 0.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from vla.serving.metrics import ServerMetrics
 from vla.serving.protocol import PROTOCOL_VERSION, ProtocolError, pack, unpack
 from vla.serving.requests import Limits, RequestError, expected_keys, to_observation
 from vla.serving.security import authorized
-from vla.types import ObservationError
+from vla.types import Observation, ObservationError
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +66,13 @@ class ServeOptions:
     api_key: str | None = None
     max_batch: int = 8
     batch_window_ms: float | None = None  # None: adaptive (vla.serving.batching)
-    max_connections: int = 64
+    max_connections: int = 64  # WebSocket connections plus REST requests in progress
     limits: Limits = field(default_factory=Limits)
     drain_s: float = 30.0
+    # keepalive: a connection whose client does not answer a ping within the timeout is closed (a dead robot
+    # laptop or a cut cable would otherwise hold its connection slot forever); None: no pings
+    ping_interval_s: float | None = 20.0
+    ping_timeout_s: float | None = 20.0
 
 
 def _error_kind(e: BaseException) -> str:
@@ -146,9 +157,15 @@ class ServingApp:
         }
 
     # ---- one request, shared by both transports ---------------------------------------------------------------
-    async def _answer(self, msg: Any, transport: str, received: float) -> dict[str, Any]:
+    def _observation(self, msg: Any) -> tuple[Observation, int | None]:
+        """A decoded request's validated observation and seed (bad input is refused here, never inside a batch)."""
         obs, seed = to_observation(msg, self.policy.embodiments, self.options.limits, default=self.default)
-        obs.validate(self.policy.spec(obs.embodiment))  # bad input is refused here, never inside a batch
+        obs.validate(self.policy.spec(obs.embodiment))
+        return obs, seed
+
+    async def _answer(
+        self, obs: Observation, seed: int | None, transport: str, received: float
+    ) -> dict[str, Any]:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
@@ -179,19 +196,15 @@ class ServingApp:
             self.metrics.error("auth")
             await ws.send_denial_response(_unauthorized())
             return
-        if self.draining or self.connections >= self.options.max_connections:
+        if self.draining or self._full():
             self.metrics.error("limit" if not self.draining else "overloaded")
-            reason = (
-                "server is shutting down"
-                if self.draining
-                else f"too many connections (limit {self.options.max_connections}, --max-connections)"
-            )
+            reason = "server is shutting down" if self.draining else self._too_many()
             await ws.send_denial_response(PlainTextResponse(reason, status_code=503))
             return
-        await ws.accept()
-        self.connections += 1
+        self.connections += 1  # before the first await: concurrent handshakes cannot all pass the check
         self.metrics.connections.inc()
         try:
+            await ws.accept()
             await ws.send_bytes(self._metadata_frame)
             await self._serve_connection(ws)
         except WebSocketDisconnect:
@@ -200,6 +213,21 @@ class ServingApp:
             self.connections -= 1
             self.metrics.connections.dec()
 
+    @property
+    def busy(self) -> bool:
+        """Whether a request is being decoded (REST), queued or run: what a drain waits for."""
+        return bool(self.in_flight or self.batcher.pending or self.rest_active)
+
+    def _full(self) -> bool:
+        """Whether the connection limit is reached: WebSocket connections plus REST requests in progress."""
+        return self.connections + self.rest_active >= self.options.max_connections
+
+    def _too_many(self) -> str:
+        return (
+            f"too many connections (limit {self.options.max_connections}, --max-connections; WebSocket connections "
+            "and REST requests in progress count)"
+        )
+
     async def _serve_connection(self, ws: WebSocket) -> None:
         prev_total_ms: float | None = None
         while True:
@@ -207,11 +235,16 @@ class ServingApp:
             if message["type"] == "websocket.disconnect":
                 return
             received = time.perf_counter()
+            if self.draining:
+                # not taken in: once the drain ends, the sockets close and its answer would be lost
+                self.metrics.error("overloaded")
+                await self._close(ws, "server is shutting down", code=1001)
+                return
             try:
                 if message.get("bytes") is None:
                     raise ProtocolError("text frames are not accepted: send msgpack binary frames")
                 msg = unpack(message["bytes"], max_bytes=self.options.limits.max_frame_bytes)
-                response = await self._answer(msg, "websocket", received)
+                response = await self._answer(*self._observation(msg), "websocket", received)
             except Exception as e:
                 await self._fail(ws, e)
                 return
@@ -225,10 +258,13 @@ class ServingApp:
         self.metrics.error(kind)
         if kind == "internal":
             log.error("request failed", exc_info=e)
-        text = _client_message(e)
+        await self._close(ws, _client_message(e), code=1011)
+
+    async def _close(self, ws: WebSocket, text: str, *, code: int) -> None:
+        """Send ``text`` as a text frame (openpi's error convention), then close with ``code``."""
         try:
             await ws.send_text(text)
-            await ws.close(code=1011, reason=text[:120].encode()[:120].decode("utf-8", "ignore"))
+            await ws.close(code=code, reason=text[:120].encode()[:120].decode("utf-8", "ignore"))
         except (WebSocketDisconnect, RuntimeError):  # the client is already gone
             pass
 
@@ -257,6 +293,9 @@ class ServingApp:
             return _unauthorized()
         if self.draining:
             return JSONResponse({"error": "server is shutting down", "kind": "overloaded"}, status_code=503)
+        if self._full():
+            self.metrics.error("limit")
+            return JSONResponse({"error": self._too_many(), "kind": "limit"}, status_code=503)
         self.rest_active += 1
         try:
             return await self._act(request, received)
@@ -278,11 +317,9 @@ class ServingApp:
                     status_code=413,
                 )
         try:
-            try:
-                msg = json.loads(body, object_hook=decode_json_numpy)
-            except (json.JSONDecodeError, UnicodeDecodeError, JsonNumpyError) as e:
-                raise ProtocolError(f"malformed JSON body: {str(e)[:200]}") from None
-            response = await self._answer(msg, "rest", received)
+            # seconds for a large body: on a worker thread, so the WebSocket clients keep being served meanwhile
+            obs, seed = await asyncio.to_thread(lambda: self._observation(_decode_json(body)))
+            response = await self._answer(obs, seed, "rest", received)
         except Exception as e:
             kind = _error_kind(e)
             self.metrics.error(kind)
@@ -291,6 +328,14 @@ class ServingApp:
             status = {"internal": 500, "unsafe_actions": 500, "overloaded": 503}.get(kind, 400)
             return JSONResponse({"error": _client_message(e), "kind": kind}, status_code=status)
         return JSONResponse(_jsonable(response))
+
+
+def _decode_json(body: bytes | bytearray) -> Any:
+    """A REST body -> the request map (json-numpy arrays decoded); malformed JSON is a ``ProtocolError``."""
+    try:
+        return json.loads(body, object_hook=decode_json_numpy)
+    except (json.JSONDecodeError, UnicodeDecodeError, JsonNumpyError) as e:
+        raise ProtocolError(f"malformed JSON body: {str(e)[:200]}") from None
 
 
 def _unauthorized() -> Response:
@@ -331,30 +376,42 @@ class _DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.serving.options.drain_s
-        while (self.serving.in_flight or self.serving.batcher.pending) and time.monotonic() < deadline:
+        while self.serving.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self.should_exit = True
 
 
-def run_server(serving: ServingApp, *, on_ready: Any = None) -> int:
-    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens (port 0 = any free port)."""
+def server_config(serving: ServingApp) -> uvicorn.Config:
+    """uvicorn's settings for ``serving`` (also used by tests that run the server in a thread)."""
     opts = serving.options
-    config = uvicorn.Config(
+    return uvicorn.Config(
         serving.app,
         host=opts.host,
         port=opts.port,
         ws="websockets-sansio",
         # Frames up to twice the limit reach the app, which refuses them with a text error and 1011; larger ones
-        # are cut off by the protocol layer as they arrive (close 1009, "message too big"), bounding memory.
+        # are cut off by the protocol layer as they arrive (close 1009, "frame with N bytes exceeds limit of M
+        # bytes"), bounding memory.
         ws_max_size=2 * opts.limits.max_frame_bytes,
         ws_per_message_deflate=False,  # openpi's client sends uncompressed frames
-        ws_ping_interval=None,
+        ws_ping_interval=opts.ping_interval_s,  # websockets-sansio sends keepalive pings from uvicorn 0.44 on
+        ws_ping_timeout=opts.ping_timeout_s,
         log_level="warning",
         lifespan="off",
         timeout_graceful_shutdown=5,
-        limit_concurrency=None,
+        limit_concurrency=None,  # ServingApp counts WebSocket connections and REST requests (max_connections)
     )
-    server = _DrainingServer(config, serving)
+
+
+def ws_url(host: str, port: int) -> str:
+    """The ``ws://`` URL of a listening socket; an IPv6 address in brackets (``ws://[::1]:8000``)."""
+    return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
+
+
+def run_server(serving: ServingApp, *, on_ready: Any = None) -> int:
+    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens (port 0 = any free port)."""
+    opts = serving.options
+    server = _DrainingServer(server_config(serving), serving)
 
     async def main() -> None:
         server.loop = asyncio.get_running_loop()
@@ -363,7 +420,7 @@ def run_server(serving: ServingApp, *, on_ready: Any = None) -> int:
             await asyncio.sleep(0.01)
         if server.started and on_ready is not None:
             host, port = server.servers[0].sockets[0].getsockname()[:2]
-            on_ready(f"ws://{host}:{port}")
+            on_ready(ws_url(host, port))
         await task
 
     try:

@@ -1,0 +1,283 @@
+"""``ServingApp`` on uvicorn in a thread of the test process, with the model held back where a test needs a request
+in flight: connection limits counting REST, JSON decoded off the event loop, keepalive pings, the SIGTERM drain,
+frames over twice the limit, the ready line's URL."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets.sync.client
+from test_serving_parts import _policy
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from vla.serving import server as server_mod
+from vla.serving.client import WebsocketClient
+from vla.serving.json_numpy import encode_json_numpy
+from vla.serving.modes import synthetic_observations
+from vla.serving.protocol import pack, unpack
+from vla.serving.requests import Limits
+from vla.serving.server import ServeOptions, ServingApp, _DrainingServer, server_config, ws_url
+
+
+@pytest.fixture(scope="module")
+def policy() -> Any:
+    return _policy()
+
+
+def _request(policy: Any, seed: int = 0) -> dict[str, Any]:
+    (obs,) = synthetic_observations(policy, 1)
+    return {
+        "images": obs.images,
+        "state": obs.state,
+        "prompt": obs.prompt,
+        "embodiment": obs.embodiment,
+        "seed": seed,
+    }
+
+
+class Running:
+    """A ``ServingApp`` served by ``_DrainingServer`` (what ``vla serve`` runs) on a free loopback port."""
+
+    def __init__(self, serving: ServingApp) -> None:
+        self.serving = serving
+        self.server = _DrainingServer(server_config(serving), serving)
+
+        async def main() -> None:
+            self.server.loop = asyncio.get_running_loop()
+            await self.server.serve()
+
+        self.thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.01)
+        self.url = ws_url(*self.server.servers[0].sockets[0].getsockname()[:2])
+        self.http = self.url.replace("ws://", "http://")
+
+    def post(self, body: str) -> tuple[int, dict[str, Any]]:
+        """``POST /act``: (status, JSON body), errors included."""
+        req = urllib.request.Request(
+            self.http + "/act",
+            data=body.encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.serving.batcher.close(timeout=30)
+
+
+@contextmanager
+def running(policy: Any, **options: Any) -> Iterator[Running]:
+    run = Running(ServingApp(policy, ServeOptions(port=0, **options)))
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+@contextmanager
+def blocked_json_decode(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """Every ``POST /act`` body decode waits for ``release`` (``started`` is set once one is waiting): a large
+    body's seconds of ``json.loads``, made as long as the test needs."""
+    started, release = threading.Event(), threading.Event()
+    real = server_mod.decode_json_numpy
+
+    def slow(obj: dict[str, Any]) -> Any:
+        started.set()
+        assert release.wait(60), "never released"
+        return real(obj)
+
+    monkeypatch.setattr(server_mod, "decode_json_numpy", slow)
+    try:
+        yield started, release
+    finally:
+        release.set()
+
+
+# ---- REST: off the event loop, and counted against --max-connections ---------------------------------------------
+def test_a_websocket_client_is_answered_while_a_rest_body_is_being_decoded(
+    policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large JSON body takes seconds to decode; it is decoded on a worker thread, so a WebSocket client is
+    answered meanwhile (before: on the event loop, every WebSocket client stalled behind it)."""
+    body = json.dumps(_request(policy), default=encode_json_numpy)
+    with (
+        running(policy) as run,
+        blocked_json_decode(monkeypatch) as (started, release),
+        WebsocketClient(run.url, timeout=10) as client,
+    ):
+        rest, rest_out = _in_thread(lambda: run.post(body))
+        assert started.wait(30)
+        out = client.infer(_request(policy, seed=1))  # TimeoutError when the loop is blocked
+        assert out["actions"].ndim == 2 and rest.is_alive()
+        release.set()
+        rest.join(60)
+    status, answer = rest_out[0]
+    assert status == 200 and np.asarray(answer["actions"]).shape == out["actions"].shape
+
+
+def test_rest_requests_in_progress_count_against_the_connection_limit(
+    policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--max-connections`` counts REST requests in progress with the WebSocket connections: past it a REST
+    request and a handshake both get 503 naming the limit and the flag; the request in progress is answered."""
+    body = json.dumps(_request(policy), default=encode_json_numpy)
+    with running(policy, max_connections=1) as run, blocked_json_decode(monkeypatch) as (started, release):
+        first, first_out = _in_thread(lambda: run.post(body))
+        assert started.wait(30) and run.serving.rest_active == 1
+        status, refused = run.post(body)
+        assert status == 503 and refused["kind"] == "limit"
+        assert "too many connections (limit 1, --max-connections" in refused["error"]
+        with pytest.raises(InvalidStatus) as handshake:
+            websockets.sync.client.connect(run.url)
+        assert handshake.value.response.status_code == 503
+        assert b"--max-connections" in handshake.value.response.body
+        release.set()
+        first.join(60)
+        assert first_out[0][0] == 200
+        with WebsocketClient(run.url) as client:  # the slot is free again
+            status, refused = run.post(body)
+            assert status == 503 and "too many connections" in refused["error"]
+            assert client.infer(_request(policy))["actions"].ndim == 2
+        assert run.post(body)[0] == 200
+
+
+# ---- keepalive ---------------------------------------------------------------------------------------------------
+def _raw_handshake(url: str) -> socket.socket:
+    """A WebSocket handshake by hand on a plain socket, which then never reads again (a dead client)."""
+    host, port = url.removeprefix("ws://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+    return sock
+
+
+def test_a_client_that_stops_answering_pings_is_disconnected(policy: Any) -> None:
+    """Keepalive pings (default every 20 s, 20 s to answer; 0.2 s here): a client that stopped answering (a dead
+    laptop, a cut cable) loses its connection and its slot; a live idle client answers the pings and stays."""
+    assert ServeOptions().ping_interval_s == 20.0 and ServeOptions().ping_timeout_s == 20.0
+    with running(policy, ping_interval_s=0.2, ping_timeout_s=0.2) as run:
+        config = server_config(run.serving)
+        assert config.ws_ping_interval == config.ws_ping_timeout == 0.2
+        with WebsocketClient(run.url, timeout=30) as live:
+            dead = _raw_handshake(run.url)
+            try:
+                _wait(lambda: run.serving.connections == 2, "both connections")
+                _wait(lambda: run.serving.connections == 1, "the dead client's connection to be closed")
+                time.sleep(1.0)  # five ping intervals: the live client answers them
+                assert run.serving.connections == 1
+                assert live.infer(_request(policy))["actions"].ndim == 2
+            finally:
+                dead.close()
+
+
+# ---- SIGTERM drain -----------------------------------------------------------------------------------------------
+def test_drain_refuses_new_requests_on_open_connections_and_finishes_the_one_in_flight(policy: Any) -> None:
+    """After SIGTERM: the request in flight is answered; a request arriving on an already open connection gets
+    "server is shutting down" and close 1001 (it would be lost when the sockets close); new handshakes and
+    ``POST /act`` get 503; then the server stops."""
+    with running(policy) as run:
+        gate = threading.Event()
+        real = run.serving.batcher.infer_batch
+
+        def held(obs: Any, seeds: Any) -> Any:
+            assert gate.wait(60)
+            return real(obs, seeds)
+
+        run.serving.batcher.infer_batch = held
+        try:
+            with (
+                websockets.sync.client.connect(run.url, compression=None) as idle,
+                WebsocketClient(run.url, timeout=60, retries=0) as busy,
+            ):
+                unpack(idle.recv(timeout=30))
+                flight, answer = _in_thread(lambda: busy.infer(_request(policy)))
+                _wait(lambda: run.serving.in_flight == 1, "the request in flight")
+                run.server.handle_exit(signal.SIGTERM, None)
+                assert run.serving.draining
+                idle.send(pack(_request(policy)))
+                assert idle.recv(timeout=30) == "server is shutting down"
+                with pytest.raises(ConnectionClosed) as closed:
+                    idle.recv(timeout=30)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+                with pytest.raises(InvalidStatus) as handshake:
+                    websockets.sync.client.connect(run.url)
+                assert handshake.value.response.status_code == 503
+                assert run.post(json.dumps({}))[0] == 503
+                assert flight.is_alive() and not run.server.should_exit  # the drain waits for it
+                gate.set()
+                flight.join(60)
+                assert answer and answer[0]["actions"].ndim == 2
+            run.thread.join(30)
+            assert not run.thread.is_alive(), "the server did not stop after the drain"
+        finally:
+            gate.set()
+
+
+# ---- frames over twice the limit ---------------------------------------------------------------------------------
+def test_a_frame_over_twice_the_limit_is_closed_1009_naming_the_limit(policy: Any) -> None:
+    """The one exception to "text error + 1011": a frame over 2x ``--max-frame-mb`` is cut off by the protocol
+    layer as it arrives (never held in memory) with close code 1009 and a reason naming the size it may have;
+    between 1x and 2x the app answers with the text error and 1011."""
+    limit = 512 * 1024
+    with running(policy, limits=Limits(max_frame_bytes=limit)) as run, WebsocketClient(run.url) as good:
+        for size, code in ((3 * limit, 1009), (limit + limit // 2, 1011)):
+            with websockets.sync.client.connect(run.url, compression=None, max_size=None) as ws:
+                unpack(ws.recv(timeout=30))
+                ws.send(pack({"images": {"primary": np.zeros(size, np.uint8)}}))
+                if code == 1011:
+                    assert f"exceeds the limit of {limit} bytes" in ws.recv(timeout=30)
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == code, size
+            if code == 1009:
+                assert f"exceeds limit of {2 * limit} bytes" in closed.value.rcvd.reason
+        assert good.infer(_request(policy))["actions"].ndim == 2  # the others keep being served
+
+
+# ---- the ready line ----------------------------------------------------------------------------------------------
+def test_ready_url_brackets_ipv6_hosts() -> None:
+    assert ws_url("127.0.0.1", 8000) == "ws://127.0.0.1:8000"
+    assert ws_url("::", 8000) == "ws://[::]:8000" and ws_url("::1", 9) == "ws://[::1]:9"
+    assert ws_url("localhost", 1) == "ws://localhost:1"
