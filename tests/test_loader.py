@@ -218,6 +218,25 @@ def test_resume_rejects_other_settings(data_root: Path) -> None:
         b.load_state_dict(state)
 
 
+def test_resume_in_another_batch_size_continues_with_the_same_samples(data_root: Path) -> None:
+    """A position saved at batch 4 continues at batch 2 from the same sample (a resumed run that trades
+    data.batch_size for train.grad_accum); one that is not on a batch boundary of the new size is refused."""
+    from vla.data.loader import LoaderPositionError
+
+    paths = [data_root / "widowx_set"]
+    samples = [k for b in _all(build_loader(_cfg(paths, batch_size=2))) for k in _key(b)]
+    a = build_loader(_cfg(paths, batch_size=4))
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    b = build_loader(_cfg(paths, batch_size=2))
+    b.load_state_dict(state)
+    assert b.batches_done == 2
+    assert [k for x in _all(b) for k in _key(x)] == samples[4:]
+    with pytest.raises(LoaderPositionError, match="4 samples is not a whole number of batches of 3"):
+        build_loader(_cfg(paths, batch_size=3)).load_state_dict(state)
+
+
 def test_ranks_get_disjoint_equal_shares(data_root: Path) -> None:
     cfg = _cfg([data_root / "widowx_set", data_root / "franka_set"], batch_size=2)
     keys = []

@@ -230,4 +230,6 @@ def test_bad_observations_get_named_errors(policy: Policy, change, message: str)
     obs = observation(np.random.default_rng(0))
     change(obs)
     with pytest.raises(ObservationError, match=message):
+        policy.check(obs)  # what a server runs on each request before queueing it with others
+    with pytest.raises(ObservationError, match=message):
         policy.infer(obs, seed=0)

@@ -359,6 +359,17 @@ def test_rest_act_json_numpy_and_lists(server: Server, policy: Policy) -> None:
     with pytest.raises(urllib.error.HTTPError) as e:  # a client error, not an internal 500
         _post(server.http + "/act", json.dumps({**req, "state": ["a", 1]}, default=encode_json_numpy))
     assert e.value.code == 400 and "'state' must be a flat list" in json.loads(e.value.read())["error"]
+    # an integer past float64's range, one past Python's digit limit, arrays nested too deep: client errors too
+    body = as_lists.replace(f'"state": {json.dumps(req["state"].tolist())}', '"state": [' + "9" * 400 + "]")
+    assert body != as_lists
+    for bad, message in (
+        (body, "'state' must be a flat list"),
+        (as_lists.replace('"seed": 5', '"seed": ' + "9" * 5000), "malformed JSON body"),
+        (as_lists.replace('"seed": 5', '"seed": ' + "[" * 100_000 + "]" * 100_000), "malformed JSON body"),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _post(server.http + "/act", bad)
+        assert e.value.code == 400 and message in json.loads(e.value.read())["error"], message
     assert _metrics(server)['vla_serve_requests_total{embodiment="widowx_bridge",transport="rest"}'] >= 2
 
 

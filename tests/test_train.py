@@ -33,7 +33,14 @@ from vla.models.run_dir import (
 )
 from vla.paths import config_dir
 from vla.train.config import OptimConfig, diff_configs, load_train_config
-from vla.train.optim import apply_settings, build_optimizer, build_scheduler, lr_multiplier, param_groups
+from vla.train.optim import (
+    apply_settings,
+    build_optimizer,
+    build_scheduler,
+    lr_multiplier,
+    param_groups,
+    settings,
+)
 from vla.train.trainer import ResumeError, train
 
 TRAIN_PRESETS = sorted(  # the finetune_* presets need a checkpoint: tests/test_finetune.py parses them
@@ -112,6 +119,9 @@ def test_diff_configs_splits_compatible_from_incompatible() -> None:
     del a["optim"]["eps"]  # a setting newer than the run's config
     bad, ok = diff_configs(a, _cfg_dict(["train.steps=10"]))
     assert bad == [] and ok == ["optim.eps: not recorded by the run -> 1e-08"]
+    del a["data"]["seed"]  # ... but set to another value than its default, it is a change like any other
+    bad, ok = diff_configs(a, _cfg_dict(["train.steps=10", "data.seed=5"]))
+    assert bad == ["data.seed: None -> 5"] and ok == ["optim.eps: not recorded by the run -> 1e-08"]
 
 
 def _cfg_dict(over: list[str]) -> dict:
@@ -163,19 +173,21 @@ def test_resumed_optimizer_takes_the_new_settings_and_an_unchanged_one_is_exact(
     def resumed(cfg: OptimConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         o = build_optimizer(model.named_parameters(), cfg)
         s = build_scheduler(o, cfg, 10)
+        fresh = settings(o)
         o.load_state_dict(saved_opt)
         s.load_state_dict(saved_sched)
-        apply_settings(o, s, cfg, 10)
+        apply_settings(o, s, fresh, cfg, 10)
         return o, s
 
     same, _ = resumed(old)
     assert [(g["lr"], g["weight_decay"], g["eps"]) for g in same.param_groups] == before
-    new = OptimConfig(lr=1e-5, expert_lr=2e-5, warmup_steps=2, weight_decay=0.5, eps=1e-6, fused=False)
+    new = OptimConfig(lr=1e-5, expert_lr=2e-5, warmup_steps=2, weight_decay=0.5, eps=1e-6, fused=True)
     o, s = resumed(new)
     for g in o.param_groups:
         base = 2e-5 if g["name"].startswith("expert") else 1e-5
         assert g["lr"] == pytest.approx(base * lr_multiplier(3, new, 10))
         assert g["weight_decay"] == (0.0 if g["name"].endswith("no_decay") else 0.5) and g["eps"] == 1e-6
+        assert g["fused"] is True  # the saved groups said False
     s.step()  # the schedule goes on from the new base rates
     for g in o.param_groups:
         base = 2e-5 if g["name"].startswith("expert") else 1e-5
@@ -470,6 +482,31 @@ def test_gradient_accumulation_equals_the_larger_batch(wx: Path, tmp_path: Path)
     wa, wb = weights(big.last_checkpoint), weights(acc.last_checkpoint)
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_resume_trading_batch_size_for_accumulation_continues_the_same_samples(
+    wx: Path, tmp_path: Path
+) -> None:
+    """2 steps of batch 4, then resumed as 2 micro-batches of 2 (the same global batch) with gradient checkpointing
+    switched on: the loader's position converts to the new batch size (the same samples follow), so the steps equal
+    4 straight steps of batch 4; the checkpointing setting reaches the layers and the saved config."""
+    from vla.models.attention import SharedKVLayer
+    from vla.models.hub import from_pretrained
+
+    straight = train(load_train_config("debug", _args(wx, "data.batch_size=4", steps=4)), tmp_path / "a")
+    run = tmp_path / "b"
+    train(load_train_config("debug", _args(wx, "data.batch_size=4", steps=2)), run)
+    over = ["data.batch_size=2", "train.grad_accum=2", "model.backbone.gradient_checkpointing=true"]
+    resumed = train(load_train_config("debug", _args(wx, *over, steps=4)), run)
+    la, lb = [r["loss"] for r in metrics(tmp_path / "a")], [r["loss"] for r in metrics(run)]
+    assert lb == pytest.approx(la, rel=1e-5)
+    wa, wb = weights(straight.last_checkpoint), weights(resumed.last_checkpoint)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-6, msg=k)
+    model = from_pretrained(resumed.last_checkpoint)
+    assert model.cfg.backbone.gradient_checkpointing
+    layers = [m for m in model.modules() if isinstance(m, SharedKVLayer)]
+    assert layers and all(m.checkpoint_activations for m in layers)
 
 
 def test_bf16_run_records_and_resume_pins_its_attention_kernel(

@@ -318,9 +318,12 @@ def _train_logging() -> None:
     issue's "only rank 0 logs and prints": N ranks would print every warning N times)."""
     import logging
 
-    rank = int(os.environ.get("RANK", "0"))
-    if rank:
+    rank = os.environ.get("RANK") or "0"
+    if rank != "0":
+        import warnings
+
         logging.basicConfig(level=logging.ERROR, format=f"%(levelname)s [rank {rank}] %(name)s: %(message)s")
+        warnings.simplefilter("ignore")  # rank 0 shows them once
         _quiet_transformers()
         return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

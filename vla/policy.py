@@ -214,6 +214,32 @@ class Policy:
         assert isinstance(batch, Batch)
         return batch
 
+    def check(self, obs: Observation) -> None:
+        """Refuse ``obs`` (``ObservationError`` naming the field) where ``infer`` would: its spec's shapes and
+        finiteness, and a state that overflows float32 once normalized. A server checks each request with this
+        before queueing it, so one bad request never fails a batch of others."""
+        if not isinstance(obs, Observation):
+            raise ObservationError(f"expected a vla.types.Observation, got {type(obs).__name__}")
+        tr = self._get(obs.embodiment)
+        obs.validate(tr.spec)
+        self._state(obs, tr)
+
+    @staticmethod
+    def _state(obs: Observation, tr: _Transforms) -> np.ndarray:
+        """The observation's state as the model reads it: float32 ``[S]``, normalized with the checkpoint's stats."""
+        state = np.asarray(obs.state, dtype=np.float32)
+        if tr.state is None:
+            return state
+        with np.errstate(over="ignore"):
+            state = np.asarray(tr.state(state.astype(np.float64)), dtype=np.float32)
+        if not np.isfinite(state).all():  # in float32 range, but not once divided by a tiny spread
+            names = [tr.spec.state_names()[i] for i in np.flatnonzero(~np.isfinite(state))]
+            raise ObservationError(
+                f"state in observation for {obs.embodiment!r}: value(s) at {names} overflow float32 once "
+                f"normalized with the checkpoint's stats: {np.asarray(obs.state)[~np.isfinite(state)].tolist()}"
+            )
+        return state
+
     def _sample(self, obs: Observation) -> dict[str, Any]:
         if not isinstance(obs, Observation):
             raise ObservationError(f"expected a vla.types.Observation, got {type(obs).__name__}")
@@ -231,16 +257,7 @@ class Policy:
             ):  # torch wants its own writable memory
                 frames = np.array(frames, copy=True, order="C")
             images[slot] = resize_images(frames, tr.pre.image_size)
-        state = np.asarray(obs.state, dtype=np.float32)
-        if tr.state is not None:
-            with np.errstate(over="ignore"):
-                state = np.asarray(tr.state(state.astype(np.float64)), dtype=np.float32)
-            if not np.isfinite(state).all():  # in float32 range, but not once divided by a tiny spread
-                names = [tr.spec.state_names()[i] for i in np.flatnonzero(~np.isfinite(state))]
-                raise ObservationError(
-                    f"state in observation for {obs.embodiment!r}: value(s) at {names} overflow float32 once "
-                    f"normalized with the checkpoint's stats: {np.asarray(obs.state)[~np.isfinite(state)].tolist()}"
-                )
+        state = self._state(obs, tr)
         horizon, width = tr.pre.chunk_length, tr.spec.action_dim
         return {
             "images": images,

@@ -22,7 +22,7 @@ The flow's noise comes from a ``torch.Generator`` seeded with ``seed``: same see
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,7 @@ def predict_frame(
 ) -> dict[str, Any]:
     """Predict the action chunk at raw frame ``frame`` of ``episode`` and compare it with the recorded actions."""
     from vla.data.readers import open_dataset
+    from vla.data.standardize import keymap_for
     from vla.models.hub import from_pretrained
     from vla.models.run_dir import resolve_checkpoint
 
@@ -95,12 +96,13 @@ def predict_frame(
     reader = open_dataset(dataset)
     split = _check_split(reader, split)
     _check_episode_frame(reader, split, episode, frame)
-    source = _source(reader, split)
-    embodiment = source.keymap.embodiment
+    keymap = keymap_for(reader)
+    if keymap is None:  # build_source names the reason and the fix
+        _source(reader, split)
+    embodiment = keymap.embodiment
     _check_embodiment(model, ckpt, embodiment, reader.path)
     pre = checkpoint_preprocessing(model, embodiment)
-    if pre.standardize is not None:  # the episodes as training standardized them
-        source = _source(reader, split, pre)
+    source = _source(reader, split, pre)  # the episodes as training standardized them
     if pre.normalize:
         _check_stats(model, ckpt, embodiment, reader.path)
     cfg = _data_config(reader.path, split, pre)
@@ -180,9 +182,11 @@ def _standardized(pre: Preprocessing) -> DataConfig:
     """A ``DataConfig`` carrying only training's standardization options and seed."""
     from vla.config import DataConfig, StandardizeConfig
 
-    return DataConfig(
-        datasets=("-",), standardize=StandardizeConfig(**(pre.standardize or {})), seed=pre.data_seed
-    )
+    known = {f.name for f in fields(StandardizeConfig)}
+    recorded = {
+        k: v for k, v in (pre.standardize or {}).items() if k in known
+    }  # a newer version's extras: left
+    return DataConfig(datasets=("-",), standardize=StandardizeConfig(**recorded), seed=pre.data_seed)
 
 
 def _check_embodiment(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:

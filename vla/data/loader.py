@@ -236,6 +236,7 @@ class VLALoader:
             "rank": self.order.rank,
             "num_skipped": self.num_skipped,
             "stream_epoch_start": self.order.stream_state_at(self.epoch),
+            "batch_size": self.cfg.batch_size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -250,7 +251,18 @@ class VLALoader:
                     f"loader state was saved with {key}={state.get(key)} but this loader has {key}={mine}; "
                     "resuming would not reproduce the same batches"
                 )
-        self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
+        done, saved_batch = int(state["batches_done"]), int(state.get("batch_size", self.cfg.batch_size))
+        if saved_batch != self.cfg.batch_size:
+            # the same samples in another batch size (a resumed run that trades data.batch_size for
+            # train.grad_accum): this rank's samples of an epoch are one contiguous run, so the position converts
+            # exactly where it falls on a batch boundary
+            if done * saved_batch % self.cfg.batch_size:
+                raise LoaderPositionError(
+                    f"loader state is {done} batches of {saved_batch} into epoch {state['epoch']}: "
+                    f"{done * saved_batch} samples is not a whole number of batches of {self.cfg.batch_size}"
+                )
+            done = done * saved_batch // self.cfg.batch_size
+        self.epoch, self.batches_done = int(state["epoch"]), done
         self.num_skipped = int(state.get("num_skipped", 0))
         if self.order.stream is not None:
             if state.get("stream_epoch_start") is None:
@@ -258,6 +270,10 @@ class VLALoader:
                     "loader state has no mixture stream state; it was saved by a loader without a mixture"
                 )
             self.order.restore_stream(self.epoch, state["stream_epoch_start"])
+
+
+class LoaderPositionError(ValueError):
+    """A saved loader position that this loader's batch size cannot continue from exactly."""
 
 
 def _load_stats(cfg: DataConfig, sources: Sequence[Source]) -> tuple[StatsFile, bool]:

@@ -229,7 +229,7 @@ def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarra
     if isinstance(value, list | tuple | int | float) and not isinstance(value, bool):
         try:
             value = np.asarray(value, dtype=np.float64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # OverflowError: an integer past float64's range
             raise RequestError(
                 f"'{key}' must be a flat list of numbers (a float array [S]); got a list holding non-numbers or "
                 "nested lists of unequal lengths"

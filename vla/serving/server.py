@@ -160,7 +160,7 @@ class ServingApp:
     def _observation(self, msg: Any) -> tuple[Observation, int | None]:
         """A decoded request's validated observation and seed (bad input is refused here, never inside a batch)."""
         obs, seed = to_observation(msg, self.policy.embodiments, self.options.limits, default=self.default)
-        obs.validate(self.policy.spec(obs.embodiment))
+        self.policy.check(obs)
         return obs, seed
 
     async def _answer(
@@ -334,8 +334,10 @@ def _decode_json(body: bytes | bytearray) -> Any:
     """A REST body -> the request map (json-numpy arrays decoded); malformed JSON is a ``ProtocolError``."""
     try:
         return json.loads(body, object_hook=decode_json_numpy)
-    except (json.JSONDecodeError, UnicodeDecodeError, JsonNumpyError) as e:
-        raise ProtocolError(f"malformed JSON body: {str(e)[:200]}") from None
+    except (ValueError, RecursionError, JsonNumpyError) as e:
+        # ValueError: malformed JSON (JSONDecodeError), bad UTF-8, an integer past Python's digit limit;
+        # RecursionError: arrays nested too deep
+        raise ProtocolError(f"malformed JSON body: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def _unauthorized() -> Response:

@@ -384,7 +384,8 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], l
         if a.get(key) == b.get(key):
             continue
         line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
-        if key not in a:  # a setting newer than the run: it ran without it, so it cannot have changed shape
+        if key not in a and _is_default(key, b[key]):
+            # a setting newer than the run, at its default: the run ran without it, which the default keeps
             ok.append(f"{key}: not recorded by the run -> {b.get(key)!r}")
         elif key in COMPATIBLE_INSIDE:
             ok.append(line)
@@ -393,6 +394,35 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], l
         else:
             ok.append(line)
     return bad, ok
+
+
+def _is_default(key: str, value: Any) -> bool:
+    """Whether ``value`` is the default of the ``TrainConfig`` field at dotted ``key`` (as ``config_dict`` writes
+    it); False where the key names no field with a default (e.g. inside a mapping-valued field)."""
+    import typing
+
+    cls: Any = TrainConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return False
+        f = fields[part]
+        if i == len(parts) - 1:
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                return False
+            return not dataclasses.is_dataclass(default) and _plain(default) == value
+        cls = typing.get_type_hints(cls)[part]
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """A default as ``config_dict`` writes values (tuples as lists)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def replace(cfg: TrainConfig, **sections: Any) -> TrainConfig:

@@ -16,6 +16,7 @@ import torch
 
 from vla.data.loader import VLALoader
 from vla.embodiments import get_embodiment
+from vla.models.attention import SharedKVLayer
 from vla.models.hub import from_pretrained
 from vla.models.policies import POLICIES
 from vla.models.policies.flow_vla import FlowVLA
@@ -55,6 +56,19 @@ def preprocessing(cfg: TrainConfig, loader: VLALoader) -> dict[str, Any]:
     }
 
 
+def set_gradient_checkpointing(model: FlowVLA, on: bool) -> None:
+    """Turn activation checkpointing of every backbone and expert layer on or off, and record it in the model's
+    config (saved in config.json). A loaded checkpoint (a resumed run, a fine-tune's base) carries the setting it
+    was trained with; this run's ``model.backbone.gradient_checkpointing`` (memory only, not the computation)
+    decides."""
+    for module in model.modules():
+        if isinstance(module, SharedKVLayer):
+            module.checkpoint_activations = on
+    backbone_cfg = dataclasses.replace(model.cfg.backbone, gradient_checkpointing=on)
+    model.cfg = dataclasses.replace(model.cfg, backbone=backbone_cfg)
+    model.backbone.cfg = backbone_cfg
+
+
 def build_model(
     cfg: TrainConfig, loader: VLALoader, *, init_from: str | Path | None = None, seed: int = 0
 ) -> FlowVLA:
@@ -72,6 +86,7 @@ def build_model(
                 f"{init_from}: its architecture differs from this run's model.* settings ({diff}); drop those "
                 "model.* overrides (the checkpoint defines the architecture)"
             )
+        set_gradient_checkpointing(model, cfg.model.backbone.gradient_checkpointing)
         for name in names:
             if name not in model.embodiment_ids:
                 slot = model.add_embodiment(get_embodiment(name))

@@ -107,25 +107,30 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg, total_steps))
 
 
+def settings(optimizer: torch.optim.Optimizer) -> dict[str, dict]:
+    """Each parameter group's hyperparameters (everything but its parameters), by group name: a freshly built
+    optimizer's are the run config's (``optim.*``), to be put back by ``apply_settings`` after loading a checkpoint."""
+    return {g["name"]: {k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups}
+
+
 def apply_settings(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
+    fresh: dict[str, dict],
     cfg: OptimConfig,
     total_steps: int,
 ) -> None:
-    """Put ``cfg``'s learning rates, weight decay and eps into a resumed optimizer and schedule.
+    """Put this run's hyperparameters (``fresh``: ``settings()`` of the optimizer as built from ``cfg``, before the
+    checkpoint was loaded) back into a resumed optimizer and schedule.
 
     Loading a checkpoint restores every group's hyperparameters and the schedule's base rates as the run saved them,
-    so a changed ``optim.lr`` (or ``*_lr``, ``weight_decay``, ``eps``) would be reported as applied and then ignored.
-    Groups are matched by their name (``<component>`` or ``<component>/no_decay``); each gets its component's base
-    rate times the schedule's factor at the step the run stopped after, exactly what the scheduler would have set,
-    so an unchanged config resumes bit for bit."""
-    lrs = base_lrs(cfg)
+    so a changed ``optim.lr`` (or ``*_lr``, ``weight_decay``, ``eps``, ``fused``) would be reported as applied and
+    then ignored. Groups are matched by name (``<component>`` or ``<component>/no_decay``); each learning rate is
+    its base rate times the schedule's factor at the step the run stopped after, exactly what the scheduler would
+    have set, so an unchanged config resumes bit for bit."""
     factor = lr_multiplier(scheduler.last_epoch, cfg, total_steps)
     for i, group in enumerate(optimizer.param_groups):
-        component, _, tag = group["name"].partition("/")
-        group["initial_lr"] = scheduler.base_lrs[i] = lrs[component]
-        group["lr"] = lrs[component] * factor
-        group["weight_decay"] = 0.0 if tag == "no_decay" else cfg.weight_decay
-        group["eps"] = cfg.eps
+        group.update(fresh[group["name"]])
+        scheduler.base_lrs[i] = group["initial_lr"]
+        group["lr"] = group["initial_lr"] * factor
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from vla.data.loader import VLALoader, build_loader
+from vla.data.loader import LoaderPositionError, VLALoader, build_loader
 from vla.models.attention import (
     cpu_bf16_kernel_choices,
     env_kernel,
@@ -50,6 +50,7 @@ from vla.train.distributed import Runtime
 from vla.train.logger import MetricsLogger
 from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
 from vla.train.optim import apply_settings, build_optimizer, build_scheduler
+from vla.train.optim import settings as optimizer_settings
 from vla.types import Batch
 
 log = logging.getLogger(__name__)
@@ -255,11 +256,14 @@ class Trainer:
         start_ema = self.ema is not None and not ckpt.has_train_state_key(folder, "ema")
         if start_ema:  # EMA switched on at resume: it starts from the resumed weights below
             del state["ema"]
+        fresh = optimizer_settings(
+            self.optimizer
+        )  # this run's optim.* as built, before loading overwrites them
         ckpt.load_train_state(folder, state)
         self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
         self.scheduler.load_state_dict(meta["scheduler"])
         # the checkpoint restored the run's old rates and decay: a changed optim.* setting takes effect now
-        apply_settings(self.optimizer, self.scheduler, self.cfg.optim, self.cfg.train.steps)
+        apply_settings(self.optimizer, self.scheduler, fresh, self.cfg.optim, self.cfg.train.steps)
         if start_ema:
             self.ema = self._init_ema()
             if self.rt.is_main:
@@ -280,18 +284,23 @@ class Trainer:
         # the run's graphs, not a new measurement (bitwise resume); checkpoints from before train.compile: eager
         self.pinned_compile = bool((meta.get("compile_frozen") or {}).get("compiled", False))
         loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
-        if meta["world_size"] == self.rt.world_size and loader_state is not None:
-            self.loader.load_state_dict(loader_state)
+        why = None
+        if meta["world_size"] != self.rt.world_size or loader_state is None:
+            why = f"was written by {meta['world_size']} process(es), this run has {self.rt.world_size}"
         else:
+            try:
+                self.loader.load_state_dict(loader_state)
+            except LoaderPositionError as e:  # another data.batch_size (train.grad_accum traded for it)
+                why = f"cannot continue its data position: {e}"
+        if why is not None:
             self.loader.epoch = int(meta["epoch"]) + 1
-            log.warning(
-                "%s was written by %d process(es), this run has %d: the data order restarts at epoch %d "
-                "(weights, optimizer and schedule resume exactly)",
-                folder,
-                meta["world_size"],
-                self.rt.world_size,
-                self.loader.epoch,
-            )
+            if self.rt.is_main:
+                log.warning(
+                    "%s %s: the data order restarts at epoch %d (weights, optimizer and schedule resume exactly)",
+                    folder,
+                    why,
+                    self.loader.epoch,
+                )
         if rng is not None:
             ckpt.set_rng_state(rng)
         if self.rt.is_main:
