@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections.abc import Callable
 from typing import Any
 
 import websockets
@@ -70,6 +71,18 @@ def _response(frame: str | bytes) -> dict[str, Any]:
     if not isinstance(out, dict):
         raise ProtocolError(f"expected a msgpack map from the server, got {type(out).__name__}")
     return out
+
+
+def _decoded(reply: str | bytes, drop: Callable[[], None]) -> dict[str, Any]:
+    """``_response(reply)``; a malformed response first ``drop``s the connection (its state is unknown), a server
+    error (already closed by the caller) is raised as it is."""
+    try:
+        return _response(reply)
+    except ServerError:
+        raise
+    except BaseException:
+        drop()
+        raise
 
 
 class WebsocketClient:
@@ -141,13 +154,7 @@ class WebsocketClient:
                 raise
             if isinstance(reply, str):
                 self.close()  # the server closes after an error; the next call reconnects
-            try:
-                return _response(reply)
-            except ServerError:
-                raise
-            except BaseException:  # a malformed response: the connection's state is unknown
-                self._drop()
-                raise
+            return _decoded(reply, self._drop)
         raise AssertionError("unreachable")
 
     def _drop(self) -> None:
@@ -245,13 +252,7 @@ class AsyncWebsocketClient:
                 raise
             if isinstance(reply, str):
                 await self.close()
-            try:
-                return _response(reply)
-            except ServerError:
-                raise
-            except BaseException:  # a malformed response: the connection's state is unknown
-                self._abort()
-                raise
+            return _decoded(reply, self._abort)
         raise AssertionError("unreachable")
 
     def _abort(self) -> None:
