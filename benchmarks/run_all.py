@@ -156,7 +156,7 @@ def _serve(r: dict) -> list[Row]:
         _row("serving: protocol overhead per request, p99", "ms", _get(r, "protocol_overhead_ms", "p99"),
              better="lower", note="target 5 ms"),
         _row("serving: micro-batching gain at 8 clients", "x", _get(r, "speedup_8_clients"),
-             note="target 2x" + (f"; {mode}" if mode else "") + _bound(r)),
+             note="target 2x" + (f"; {mode}" if mode else "") + _rounds(r) + _bound(r)),
         _row("serving: one request end to end, p50", "ms", _get(r, "latency", "end_to_end", "p50_ms"),
              _get(r, "peer_lerobot", "end_to_end_ms", "p50"), better="lower",
              note="vla serve (WebSocket) vs LeRobot's gRPC policy server, same model config"),
@@ -164,6 +164,14 @@ def _serve(r: dict) -> list[Row]:
              _get(r, "peer_lerobot", "overhead_per_request_ms", "p50"), better="lower",
              note="end to end minus the server's own compute time of the same request"),
     ]  # fmt: skip
+
+
+def _rounds(r: dict) -> str:
+    """An interleaved serving result's rounds (``benchmarks/serve.py --interleave R``) as a note."""
+    ratios = _get(r, "speedup_8_clients_rounds")
+    if not ratios:
+        return ""
+    return f"; median of {len(ratios)} interleaved rounds ({_fmt(min(ratios))}-{_fmt(max(ratios))}x)"
 
 
 def _bound(r: dict) -> str:

@@ -17,7 +17,10 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   its candidates at warm-up and keeps the fastest within the accuracy bound (the micro-batching server measures;
   the one-at-a-time server then runs the same mode, so the speedup compares batching alone); ``serving_mode``
   records each server's mode and trials. With a fixed ``--dtype``, ``--attention`` fixes the kernel too (left out,
-  the micro-batching server measures it and the one-at-a-time server runs its choice).
+  the micro-batching server measures it and the one-at-a-time server runs its choice). ``--interleave R`` keeps
+  both servers alive and measures them in R alternating rounds per client count, the server not being measured
+  SIGSTOPped: this VM's speed drifts by 10-30 % within minutes, and one server measured after the other carries
+  that drift into the ratio; interleaved, ``speedup_8_clients`` is the median of the rounds' ratios.
 
 * ``batching_bound``: what micro-batching can gain on this CPU at all: the micro-batching server's per-chunk time
   at batch 1 and at batch 8 (inside the model, from its warm-up trials), and the ceiling a batch running at the
@@ -30,13 +33,14 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   "grpcio>=1.73.1,<2" "protobuf>=6.31.1,<8"``). Run after ours, on the same quiet machine; ``--skip-peer`` skips it.
 
     .venv/bin/python benchmarks/serve.py [--requests 60] [--per-client 4] [--dtype float32|bfloat16|auto] [--compile]
-                                         [--attention sdpa|explicit] [--out FILE]
+                                         [--attention sdpa|explicit] [--interleave R] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -133,14 +137,26 @@ class Server:
             cmd += ["--batch-window-ms", window_ms]
         self.log = Path(tempfile.mkdtemp()) / "serve.log"
         with open(self.log, "w") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
+            # a session of its own: pause() stops its compile workers with it
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, start_new_session=True
+            )
         line = self.proc.stdout.readline()
         if "ready at" not in line:
             self.proc.kill()
             raise RuntimeError(f"vla serve did not start: {line!r}\n{self.log.read_text()[-3000:]}")
         self.url = line.split("ready at ")[1].split()[0]
 
+    def pause(self) -> None:
+        """SIGSTOP the server (its process group) while the other server is measured."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.resume()  # a paused server would not act on SIGTERM
         self.proc.terminate()
         return self.proc.wait(60)
 
@@ -214,6 +230,63 @@ def throughput(url: str, clients: int, per_client: int) -> dict:
     }
 
 
+def interleaved(
+    ckpt: Path, args: argparse.Namespace, clients: list[int], result: dict
+) -> tuple[str, bool, str]:
+    """Both servers alive at once, measured in alternating rounds (``--interleave R``): for each client count, R
+    rounds of A B / B A (micro-batched, one at a time) with the server not measured SIGSTOPped, so a drifting VM
+    slows both alike. Fills ``result``'s ``serving_mode``, ``latency`` (micro-batched), ``throughput`` (per server
+    and client count the median over rounds, with every round's chunks/s), ``speedup_8_clients`` (the median of the
+    rounds' ratios) and ``server_exit_codes``; returns the mode (dtype, compile, attention) both servers run."""
+    servers: dict[str, Server] = {}
+    dtype, compiled, attention = args.dtype, args.compile, args.attention
+    try:
+        for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
+            progress(f"starting vla serve --max-batch {max_batch} (the other server is paused)")
+            servers[name] = Server(ckpt, max_batch, dtype, compiled, attention, args.batch_window_ms)
+            chosen = result.setdefault("serving_mode", {})[name] = serving_mode(servers[name].url)
+            progress(f"{name}: the server runs {chosen['mode']}")
+            dtype, compiled, attention = chosen["dtype"], chosen["compile"], chosen["attention"]
+            if name == "micro_batched":
+                progress("latency: one client, requests back to back")
+                result["latency"] = latency(servers[name].url, args.requests)
+            servers[name].pause()
+        rounds: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in clients} for name in servers}
+        for c in clients:
+            for r in range(args.interleave):
+                for name in list(servers) if r % 2 == 0 else list(servers)[::-1]:
+                    progress(f"throughput: {name}, {c} client(s), round {r + 1}/{args.interleave}")
+                    servers[name].resume()
+                    try:
+                        rounds[name][c].append(throughput(servers[name].url, c, args.per_client))
+                    finally:
+                        servers[name].pause()
+    finally:
+        for name, server in servers.items():
+            result.setdefault("server_exit_codes", {})[name] = server.stop()
+    for name, by_clients in rounds.items():
+        result.setdefault("throughput", {})[name] = [
+            {
+                "clients": c,
+                "chunks_per_s": statistics.median(t["chunks_per_s"] for t in runs),
+                "rounds_chunks_per_s": [t["chunks_per_s"] for t in runs],
+                "mean_batch_size": statistics.fmean(
+                    t["mean_batch_size"] for t in runs if t["mean_batch_size"]
+                ),
+                "failures": [f for t in runs for f in t["failures"]],
+            }
+            for c, runs in by_clients.items()
+        ]
+    if 8 in clients:
+        ratios = [
+            a["chunks_per_s"] / b["chunks_per_s"]
+            for a, b in zip(rounds["micro_batched"][8], rounds["one_at_a_time"][8], strict=True)
+        ]
+        result["speedup_8_clients_rounds"] = ratios
+        result["speedup_8_clients"] = statistics.median(ratios)
+    return dtype, compiled, attention
+
+
 def batching_bound(result: dict, threads: int) -> dict:
     """How much micro-batching can gain on this machine, from the same run: the FLOPs of one chunk (counted by
     ``benchmarks/model.py``'s infer child, fp32 eager, the same ``bench_smolvla`` model), the matmul peak of the
@@ -278,7 +351,13 @@ def main() -> None:
                     help="vla serve --batch-window-ms of both servers (default: the server's, auto)")  # fmt: skip
     ap.add_argument("--out", default="")
     ap.add_argument("--skip-peer", action="store_true", help="skip LeRobot's gRPC policy server")
+    ap.add_argument("--interleave", type=int, default=0, metavar="R",
+                    help="run both servers at once and measure throughput in R alternating rounds per client "
+                         "count (the idle one SIGSTOPped): drift-free ratios; 0 (default): one server after the "
+                         "other, one round")  # fmt: skip
     args = ap.parse_args()
+    if args.interleave < 0:
+        ap.error(f"--interleave must be >= 0 (0: one server after the other), got {args.interleave}")
     if args.dtype == "auto" and args.compile:
         ap.error("--compile goes with --dtype float32|bfloat16; with --dtype auto the server chooses it")
     if args.dtype == "auto" and args.attention:
@@ -311,7 +390,10 @@ def main() -> None:
         }
         clients = [int(c) for c in args.clients.split(",")]
         dtype, compiled, attention = args.dtype, args.compile, args.attention
-        for name, max_batch in (("micro_batched", 8), ("one_at_a_time", 1)):
+        result["config"]["interleave_rounds"] = args.interleave or None
+        if args.interleave:
+            dtype, compiled, attention = interleaved(ckpt, args, clients, result)
+        for name, max_batch in () if args.interleave else (("micro_batched", 8), ("one_at_a_time", 1)):
             progress(f"starting vla serve --max-batch {max_batch}")
             server = Server(ckpt, max_batch, dtype, compiled, attention, args.batch_window_ms)
             try:
@@ -341,7 +423,9 @@ def main() -> None:
         "target_p99": 5.0,
     }
     by = {n: {t["clients"]: t["chunks_per_s"] for t in ts} for n, ts in result["throughput"].items()}
-    if 8 in by["micro_batched"]:
+    if (
+        8 in by["micro_batched"] and "speedup_8_clients" not in result
+    ):  # interleaved: the median of its rounds
         result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
     progress("batching bound: FLOPs per chunk and the matmul peak of the serving mode's dtype")
     try:  # an add-on: its failure must not lose the measurements above

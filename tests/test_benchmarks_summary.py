@@ -341,3 +341,6 @@ def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pyt
     assert serve.batching_bound(fixed, 2)["inside_model_gain_8"] == pytest.approx(1.5)
     note = _run_all()._serve({"speedup_8_clients": 1.5, "batching_bound": bound})[1]["note"]
     assert "inside the model 2x, ceiling at the matmul peak 3.33x" in note, note
+    interleaved = {"speedup_8_clients": 1.7, "speedup_8_clients_rounds": [1.6, 1.7, 1.9]}
+    note = _run_all()._serve(interleaved)[1]["note"]
+    assert "median of 3 interleaved rounds (1.6-1.9x)" in note, note
