@@ -516,6 +516,26 @@ def test_stats_dataset_flag_serves_an_embodiment_with_several_datasets_stats(
         CheckpointPolicy(ckpt, "sim_panda")
 
 
+def test_modes_are_timed_after_every_batch_size_is_warm_and_round_by_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_time`` warms every batch size up (a compiled mode compiles each) before timing any, then goes round the
+    batch sizes: no timing right after a compile, and drift hits every size alike."""
+    import types
+
+    from vla.serving import modes
+
+    policy = _policy()
+    calls: list[int] = []
+    clock = iter(range(100))
+    monkeypatch.setattr(modes, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(policy, "infer_batch", lambda obs, seeds: calls.append(len(obs)))
+    assert modes._time(policy, [1, 4], repeats=2) == {1: 1.0, 4: 0.25}
+    assert calls == [1, 4, 1, 4, 1, 4]
+    calls.clear()
+    assert modes._time(policy, [1, 4], repeats=0) == {} and calls == [1, 4]
+
+
 def test_the_model_loads_and_runs_on_one_thread() -> None:
     """``vla serve`` loads and warms the policy on a ``ModelThread`` that then runs every batch: a second thread
     doing torch work makes GNU OpenMP stop spinning between parallel regions (280 vs 180 ms a chunk measured on a

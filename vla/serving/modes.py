@@ -351,17 +351,16 @@ def _time_kernels(
 
 
 def _time(policy: Policy, batch_sizes: list[int], *, repeats: int) -> dict[int, float]:
-    """Median seconds per chunk at each batch size (after one warm-up call, which compiles when compiling);
-    ``repeats=0`` only warms up."""
-    out = {}
+    """Median seconds per chunk at each batch size; ``repeats=0`` only warms up. Every batch size is warmed up
+    (compiled, when compiling) before any is timed, and the timed calls go round the batch sizes ``repeats`` times:
+    no timing runs right after a compile, and a drifting machine slows every batch size alike."""
+    obs = {b: synthetic_observations(policy, b, seed=b) for b in batch_sizes}
     for b in batch_sizes:
-        obs = synthetic_observations(policy, b, seed=b)
-        policy.infer_batch(obs, seeds=list(range(b)))  # warm-up
-        times = []
-        for _ in range(repeats):
+        policy.infer_batch(obs[b], seeds=list(range(b)))  # warm-up
+    times: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    for _ in range(repeats):
+        for b in batch_sizes:
             start = time.perf_counter()
-            policy.infer_batch(obs, seeds=list(range(b)))
-            times.append(time.perf_counter() - start)
-        if times:
-            out[b] = statistics.median(times) / b
-    return out
+            policy.infer_batch(obs[b], seeds=list(range(b)))
+            times[b].append(time.perf_counter() - start)
+    return {b: statistics.median(t) / b for b, t in times.items() if t}
