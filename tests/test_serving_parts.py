@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import re
 import subprocess
@@ -457,7 +458,11 @@ def _per_dataset_checkpoint(folder: Path) -> Path:
 
 
 def test_stats_dataset_flag_serves_an_embodiment_with_several_datasets_stats(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: Any
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: Any,
+    request: pytest.FixtureRequest,
 ) -> None:
     """An embodiment trained on several datasets, each with its own stats, is served with ``vla serve
     --stats-dataset EMB=DATASET``; without ``--embodiment`` (and no choice) it is left out with a warning naming the
@@ -475,11 +480,14 @@ def test_stats_dataset_flag_serves_an_embodiment_with_several_datasets_stats(
     with pytest.raises(AmbiguousStatsError, match="--stats-dataset sim_panda=a"):
         Policy.from_checkpoint(ckpt, embodiments=["sim_panda"])
     served: list[Any] = []
+    frozen: list[int] = []
+    request.addfinalizer(gc.unfreeze)  # `vla serve` freezes the heap of this test process too
 
     def fake_run_server(
         serving: Any, *, on_ready: Any = None
     ) -> int:  # what would be served, without serving
         served.append(serving.policy)
+        frozen.append(gc.get_freeze_count())  # start-up's objects are out of the collector's scans by now
         serving.batcher.close(timeout=30)
         serving.batcher.model_thread.close()
         return 0
@@ -491,6 +499,7 @@ def test_stats_dataset_flag_serves_an_embodiment_with_several_datasets_stats(
     assert policy.embodiments == ["sim_panda", "widowx_bridge"]
     assert policy._transforms["sim_panda"].state.name == "sim_panda@b/state"
     assert policy._transforms["sim_panda"].action.name == "sim_panda@b/action"
+    assert frozen[-1] > 0
     assert main(["serve", str(ckpt), *flags]) == 0 and served[-1].embodiments == ["widowx_bridge"]
     capsys.readouterr()
     for bad, message in (

@@ -18,6 +18,7 @@ left out: every combination is timed at warm-up and the fastest within 1 % of th
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from typing import Any
@@ -202,6 +203,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    freeze_heap()
     rc = run_server(serving, on_ready=ready)
     print("vla serve: stopped", file=sys.stderr, flush=True)
     return rc
+
+
+def freeze_heap() -> None:
+    """Collect once, then take every object alive after start-up (the model, its compiled graphs, the libraries:
+    ~760k objects at the ``bench_smolvla`` config, compiled) out of the garbage collector's scans (``gc.freeze``).
+    A full collection over them took 0.5 s there, a stall of the event loop and the model thread that every robot
+    would see at some request; what requests allocate is collected as before."""
+    gc.collect()
+    gc.freeze()
