@@ -218,18 +218,18 @@ class Policy:
         """Refuse ``obs`` (``ObservationError`` naming the field) where ``infer`` would: its spec's shapes and
         finiteness, and a state that overflows float32 once normalized. A server checks each request with this
         before queueing it, so one bad request never fails a batch of others."""
+        self._checked(obs)
+
+    def _checked(self, obs: Observation) -> tuple[_Transforms, np.ndarray]:
+        """``obs``'s transforms and its state as the model reads it (float32 ``[S]``, normalized with the
+        checkpoint's stats), or the ``ObservationError`` that refuses it."""
         if not isinstance(obs, Observation):
             raise ObservationError(f"expected a vla.types.Observation, got {type(obs).__name__}")
         tr = self._get(obs.embodiment)
         obs.validate(tr.spec)
-        self._state(obs, tr)
-
-    @staticmethod
-    def _state(obs: Observation, tr: _Transforms) -> np.ndarray:
-        """The observation's state as the model reads it: float32 ``[S]``, normalized with the checkpoint's stats."""
         state = np.asarray(obs.state, dtype=np.float32)
         if tr.state is None:
-            return state
+            return tr, state
         with np.errstate(over="ignore"):
             state = np.asarray(tr.state(state.astype(np.float64)), dtype=np.float32)
         if not np.isfinite(state).all():  # in float32 range, but not once divided by a tiny spread
@@ -238,13 +238,10 @@ class Policy:
                 f"state in observation for {obs.embodiment!r}: value(s) at {names} overflow float32 once "
                 f"normalized with the checkpoint's stats: {np.asarray(obs.state)[~np.isfinite(state)].tolist()}"
             )
-        return state
+        return tr, state
 
     def _sample(self, obs: Observation) -> dict[str, Any]:
-        if not isinstance(obs, Observation):
-            raise ObservationError(f"expected a vla.types.Observation, got {type(obs).__name__}")
-        tr = self._get(obs.embodiment)
-        obs.validate(tr.spec)
+        tr, state = self._checked(obs)
         t_obs = tr.pre.obs_history
         images = {}
         for slot, img in obs.images.items():
@@ -257,7 +254,6 @@ class Policy:
             ):  # torch wants its own writable memory
                 frames = np.array(frames, copy=True, order="C")
             images[slot] = resize_images(frames, tr.pre.image_size)
-        state = self._state(obs, tr)
         horizon, width = tr.pre.chunk_length, tr.spec.action_dim
         return {
             "images": images,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from vla.config import DataConfig
+    from vla.config import DataConfig, StandardizeConfig
     from vla.data.windows import Source
     from vla.models.policies.flow_vla import FlowVLA
 
@@ -175,18 +175,15 @@ def _source(reader: Any, split: str, pre: Preprocessing | None = None) -> Source
 
     if pre is None or pre.standardize is None:
         return build_source(reader, split)  # the key map's defaults
-    return build_source(reader, split, options=standardize_options(_standardized(pre)))
+    return build_source(reader, split, options=standardize_options(_data_config(reader.path, split, pre)))
 
 
-def _standardized(pre: Preprocessing) -> DataConfig:
-    """A ``DataConfig`` carrying only training's standardization options and seed."""
-    from vla.config import DataConfig, StandardizeConfig
+def _standardize_config(pre: Preprocessing) -> StandardizeConfig:
+    """Training's recorded ``data.standardize`` (fields a newer version recorded and this one lacks are left)."""
+    from vla.config import StandardizeConfig
 
     known = {f.name for f in fields(StandardizeConfig)}
-    recorded = {
-        k: v for k, v in (pre.standardize or {}).items() if k in known
-    }  # a newer version's extras: left
-    return DataConfig(datasets=("-",), standardize=StandardizeConfig(**recorded), seed=pre.data_seed)
+    return StandardizeConfig(**{k: v for k, v in (pre.standardize or {}).items() if k in known})
 
 
 def _check_embodiment(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path) -> None:
@@ -233,7 +230,7 @@ def _data_config(path: Path, split: str, pre: Preprocessing) -> DataConfig:
         obs_history=pre.obs_history,
         batch_size=1,
         shuffle=False,
-        standardize=_standardized(pre).standardize,
+        standardize=_standardize_config(pre),
         seed=pre.data_seed,
     )
 

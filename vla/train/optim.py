@@ -36,22 +36,17 @@ def _decays(name: str, p: torch.Tensor) -> bool:
     return p.dim() >= 2 and not name.endswith(".bias") and "norm" not in name and "embed" not in name
 
 
-def base_lrs(cfg: OptimConfig) -> dict[str, float]:
-    """Peak learning rate of each component (``backbone``, ``expert``, ``heads``): its own setting, else ``lr``."""
-    return {
-        "backbone": cfg.backbone_lr if cfg.backbone_lr is not None else cfg.lr,
-        "expert": cfg.expert_lr if cfg.expert_lr is not None else cfg.lr,
-        "heads": cfg.heads_lr if cfg.heads_lr is not None else cfg.lr,
-    }
-
-
 def param_groups(
     named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig, no_decay: Collection[str] = ()
 ) -> list[dict]:
     """AdamW groups ``{"params", "lr", "weight_decay", "name"}`` of the trainable parameters, named
     ``<component>`` or ``<component>/no_decay``; empty groups are left out. ``no_decay``: names that never decay
     (tables trained row-wise: decay would move their frozen rows)."""
-    lrs = base_lrs(cfg)
+    lrs = {
+        "backbone": cfg.backbone_lr if cfg.backbone_lr is not None else cfg.lr,
+        "expert": cfg.expert_lr if cfg.expert_lr is not None else cfg.lr,
+        "heads": cfg.heads_lr if cfg.heads_lr is not None else cfg.lr,
+    }
     groups: dict[str, dict] = {}
     for name, p in named:
         if not p.requires_grad:

@@ -256,9 +256,8 @@ class Trainer:
         start_ema = self.ema is not None and not ckpt.has_train_state_key(folder, "ema")
         if start_ema:  # EMA switched on at resume: it starts from the resumed weights below
             del state["ema"]
-        fresh = optimizer_settings(
-            self.optimizer
-        )  # this run's optim.* as built, before loading overwrites them
+        # this run's optim.* as built, before loading overwrites them
+        fresh = optimizer_settings(self.optimizer)
         ckpt.load_train_state(folder, state)
         self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
         self.scheduler.load_state_dict(meta["scheduler"])
