@@ -10,7 +10,11 @@ embodiment token):
   pass a frozen backbone trains its embodiment token with (the ``-short`` layout training records separately) and
   the backbone's prefix;
 * ``inference``: forward only without a gradient, bf16 and fp32 tensors, batch 1 and 8, ``sdpa`` and ``explicit``
-  (``prepare_inference(attention=)``, which ``vla serve`` measures).
+  (``prepare_inference(attention=)``, which ``vla serve`` measures), for the expert, the backbone and the vision
+  tower (6 heads of width 64 over 196 patches, two images per sample, no mask);
+* ``compiled``: the same forward under ``torch.compile`` (as serving's graphs and training's frozen parts run it), in
+  bf16 at batch 8, with HF's eager form (matmul, float32 softmax, matmul) beside ours: Inductor rewrites that form
+  into the fused SDPA kernel (``rewritten_to_sdpa``), which is why the vision tower runs ``grouped_attention``.
 
 Training measures its kernel per layout and ``vla serve`` its inference kernel, because CPU families disagree (AMX
 Xeons, AVX-512-BF16 EPYCs); this script shows the numbers behind those choices on the machine at hand. Runs
@@ -42,8 +46,11 @@ SHAPES = {
     "embodiment_token": {"batch": 8, **LAYOUT, "q_len": 1, "k_len": PREFIX},
     "backbone": {"batch": 8, **LAYOUT, "q_len": PREFIX, "k_len": PREFIX},
 }
-INFERENCE_SHAPES = ("expert_chunk", "backbone")
+# the vision tower (SmolVLM's SigLIP at 224 px: 14 x 14 patches), two camera images per sample, every patch visible
+VISION = {"heads": 6, "kv_heads": 6, "head_dim": 64, "q_len": 196, "k_len": 196, "images_per_sample": 2}
+INFERENCE_SHAPES = ("expert_chunk", "backbone", "vision")
 INFERENCE_KERNELS = ("sdpa", "explicit")
+COMPILED_KERNELS = ("sdpa", "explicit", "hf_eager")
 
 
 def inputs(
@@ -53,12 +60,13 @@ def inputs(
     its own block, and its own block causally (the model's masks differ per pass; the kernels' cost does not)."""
     g = torch.Generator().manual_seed(seed)
     b, h, kv, t, s, d = (shape[k] for k in ("batch", "heads", "kv_heads", "q_len", "k_len", "head_dim"))
+    b *= shape.get("images_per_sample", 1)
     q = torch.randn(b, h, t, d, generator=g).to(dtype).requires_grad_(grad)
     k = torch.randn(b, kv, s, d, generator=g).to(dtype).requires_grad_(grad)
     v = torch.randn(b, kv, s, d, generator=g).to(dtype).requires_grad_(grad)
     mask = torch.ones(b, 1, t, s, dtype=torch.bool)
     mask[..., s - t :] = torch.ones(t, t, dtype=torch.bool).tril()
-    return q, k, v, mask
+    return q, k, v, None if "images_per_sample" in shape else mask
 
 
 def step(kind: str, q, k, v, mask, dtype: torch.dtype) -> float:
@@ -108,6 +116,46 @@ def measure_inference(shape: dict, batch: int, dtype: torch.dtype, iters: int) -
     return _summary({kind: statistics.median(ts) for kind, ts in times.items()})
 
 
+def hf_eager(q, k, v, mask, scale):
+    """HF's eager attention (``eager_attention_forward``: K/V heads repeated for grouped queries, ``repeat_kv``)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+    return torch.matmul(torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def measure_compiled(shape: dict, iters: int) -> dict:
+    """Median forward time of each of ``COMPILED_KERNELS`` compiled (bf16 tensors, no gradient), and whether
+    Inductor ran the fused SDPA kernel in its graph."""
+    q, k, v, mask = inputs(shape, grad=False, dtype=torch.bfloat16)
+    scale = q.shape[-1] ** -0.5
+    fns = {
+        kind: torch.compile(
+            (lambda q, k, v, m, kind=kind: attend(kind, q, k, v, m, scale)) if kind != "hf_eager" else
+            (lambda q, k, v, m: hf_eager(q, k, v, m, scale))
+        )
+        for kind in COMPILED_KERNELS
+    }  # fmt: skip
+    rewritten = {}
+    with torch.inference_mode():
+        for kind, fn in fns.items():
+            fn(q, k, v, mask)  # compiles
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                fn(q, k, v, mask)
+            rewritten[kind] = any("scaled_dot_product" in e.key for e in prof.key_averages())
+        times: dict[str, list[float]] = {kind: [] for kind in fns}
+        for i in range(iters + 2):
+            for kind in COMPILED_KERNELS if i % 2 == 0 else COMPILED_KERNELS[::-1]:
+                t0 = time.perf_counter()
+                fns[kind](q, k, v, mask)
+                if i >= 2:
+                    times[kind].append(time.perf_counter() - t0)
+    out = _summary({kind: statistics.median(ts) for kind, ts in times.items()})
+    return {**out, "rewritten_to_sdpa": {k: v for k, v in rewritten.items() if k != "sdpa"}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=20)
@@ -131,13 +179,18 @@ def main() -> None:
     for name, shape in SHAPES.items():
         for dtype in (torch.bfloat16, torch.float32):
             res["results"][f"{name}_{tag[dtype]}"] = {"shape": shape, **measure(shape, dtype, args.iters)}
+    shapes = {**SHAPES, "vision": VISION}
     for name in INFERENCE_SHAPES:
         for batch in (1, 8):
             for dtype in (torch.bfloat16, torch.float32):
                 res["inference"][f"{name}_b{batch}_{tag[dtype]}"] = {
-                    "shape": {**SHAPES[name], "batch": batch},
-                    **measure_inference(SHAPES[name], batch, dtype, args.iters),
+                    "shape": {**shapes[name], "batch": batch},
+                    **measure_inference(shapes[name], batch, dtype, args.iters),
                 }
+    res["compiled"] = {}
+    for name in ("backbone", "vision"):
+        shape = {**shapes[name], "batch": 8}
+        res["compiled"][f"{name}_b8_bf16"] = {"shape": shape, **measure_compiled(shape, args.iters)}
     res["load_average_at_end"] = os.getloadavg()
     emit(res, args.out)
 

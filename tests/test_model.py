@@ -425,6 +425,12 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
     # compiled again, with the explicit attention kernel: must not reuse the first graphs
     m.prepare_inference("float32", compile=True, attention="explicit")
     torch.testing.assert_close(sample(m), new, atol=1e-4, rtol=1e-4)
+    # ... and Inductor does not turn the explicit form back into SDPA (the vision tower's included): on CPUs where
+    # the fused kernel is the slower one, that rewrite undid the choice
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        sample(m)
+    ops = {e.key for e in prof.key_averages()}
+    assert not {op for op in ops if "scaled_dot_product" in op} and "aten::baddbmm" in ops, sorted(ops)
     with pytest.raises(ValueError, match="compiled serving graphs run the kernel they were compiled with"):
         m.set_inference_attention("sdpa")  # the graphs were traced with "explicit"
     m.load_state_dict(original)  # hot reload without train(): recompiled on the next call
@@ -437,9 +443,11 @@ def test_compiled_serving_matches_eager_and_never_serves_stale_weights() -> None
 
 def test_inference_attention_kernel_is_set_by_prepare_inference(monkeypatch: pytest.MonkeyPatch) -> None:
     """prepare_inference(attention="explicit") runs every language layer's attention with the explicit three-op
-    form (the same chunk as SDPA within float32 rounding, within bf16's in bf16); train() puts SDPA back; an unknown
-    kernel is refused, naming the allowed ones."""
+    form (the same chunk as SDPA within float32 rounding, within bf16's in bf16); train() puts "auto" back (a
+    measured kernel for passes without a gradient); an unknown kernel is refused, naming the allowed ones."""
     from train_helpers import count_attention_kernels
+
+    from vla.models.attention import INFERENCE_ATTENTION
 
     calls = count_attention_kernels(monkeypatch)
     m = tiny_model("smolvlm").eval()
@@ -455,6 +463,15 @@ def test_inference_attention_kernel_is_set_by_prepare_inference(monkeypatch: pyt
 
     ref = chunk("sdpa")
     torch.testing.assert_close(chunk("explicit"), ref, atol=1e-5, rtol=1e-5)
+    # the vision tower's attention layers run the chosen kernel too (HF attention implementation "vla")
+    vision_layers = [x for x in m.backbone.vision.modules() if getattr(x, "vla_vision_attention", False)]
+    assert vision_layers and m.backbone.vision.config._attn_implementation == "vla"
+    for kernel in INFERENCE_ATTENTION:
+        m.prepare_inference("float32", attention=kernel)
+        calls.update(dict.fromkeys(calls, 0))
+        with torch.no_grad():
+            m.backbone.encode_pixels(torch.zeros(2, 3, m.backbone.image_size, m.backbone.image_size))
+        assert calls == {**dict.fromkeys(calls, 0), kernel: len(vision_layers)}, calls
     # an eager serving model switches kernels in place (vla serve's interleaved timing), not preparing again
     m.prepare_inference("float32", attention="sdpa").set_inference_attention("explicit")
     calls.update(dict.fromkeys(calls, 0))
@@ -464,7 +481,7 @@ def test_inference_attention_kernel_is_set_by_prepare_inference(monkeypatch: pyt
         m.set_inference_attention("flash")
     assert (chunk("explicit", "bfloat16") - chunk("sdpa", "bfloat16")).abs().max() < 0.02 * ref.abs().max()
     m.train()
-    assert m.inference_attention == "sdpa"
+    assert m.inference_attention == "auto"
     with pytest.raises(ValueError, match=r"attention must be one of \('sdpa', 'explicit'\), got 'flash'"):
         m.prepare_inference("float32", attention="flash")
 

@@ -380,6 +380,8 @@ def test_cpu_bf16_attention_kernel_is_measured_or_pinned(
         loss.backward()
         keys = attention.cpu_bf16_kernel_choices()
         assert any(k.endswith("-short") for k in keys) and any(not k.endswith("-short") for k in keys), keys
+        # the frozen vision tower and language layers run without a gradient: forward-only layouts, measured apart
+        assert any(k.endswith("-forward") for k in keys), keys
         with pytest.raises(ValueError, match="one of"):
             attention.pin_cpu_bf16_kernel("flash")
         monkeypatch.setenv(attention.KERNEL_ENV, "flash")
@@ -400,7 +402,7 @@ def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_rec
 
     monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
     measured: list[int] = []
-    monkeypatch.setattr(attention, "_measure", lambda q, *a: measured.append(q.shape[2]) or "sdpa_fp32")
+    monkeypatch.setattr(attention, "_measure", lambda q, *a, **kw: measured.append(q.shape[2]) or "sdpa_fp32")
     mask = lambda t: torch.ones(1, 1, t, 12, dtype=torch.bool)  # noqa: E731
     q = lambda t: torch.randn(1, 6, t, 8, dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
     kv = torch.randn(1, 2, 12, 8, dtype=torch.bfloat16)
@@ -412,7 +414,26 @@ def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_rec
     assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3) for t in (1, 50)] == ["explicit"] * 2
     assert measured == [1, attention.SHORT_QUERY + 1]
     assert attention.cpu_bf16_kernel_choices() == {"6x2x8": "explicit"}
+    # ... and from before forward-only layouts: passes without a gradient keep SDPA (what that version ran)
+    assert attention._cpu_bf16_kernel(q(50), kv, kv, mask(50), 0.3, forward=True) == "sdpa"
+    assert attention.cpu_bf16_kernel_choices() == {"6x2x8": "explicit", "6x2x8-forward": "sdpa"}
     record = {"6x2x8": "explicit", "6x2x8-short": "sdpa"}  # a newer one: each layout its own kernel
     attention.restore_cpu_bf16_kernels(record)
     assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3) for t in (1, 50)] == ["sdpa", "explicit"]
     assert attention.cpu_bf16_kernel_choices() == record
+    # forward-only passes are layouts of their own: measured apart, recorded with "-forward", restored
+    attention.reset_cpu_bf16_kernels()
+    measured.clear()
+    for t in (1, 50):
+        attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3)
+        attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3, forward=True)
+    assert measured == [1, 1, 50, 50]
+    record = {"6x2x8-short": "sdpa", "6x2x8-short-forward": "explicit", "6x2x8": "sdpa_fp32"}
+    record["6x2x8-forward"] = "explicit"
+    attention.restore_cpu_bf16_kernels(record)
+    assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3, forward=True) for t in (1, 50)] == [
+        "explicit",
+        "explicit",
+    ]
+    assert attention._cpu_bf16_kernel(q(50), kv, kv, mask(50), 0.3) == "sdpa_fp32"
+    assert measured == [1, 1, 50, 50] and attention.cpu_bf16_kernel_choices() == record

@@ -12,6 +12,13 @@ Works for the Llama family (SmolVLM's text model), Gemma (PaliGemma) and Gemma2 
 attention logit soft-capping). Attention is SDPA (grouped-query without repeating K/V) or the explicit three-op form
 (``grouped_attention``, the only one with soft-capping): bf16 training on the CPU measures the faster kernel per
 layout, serving sets one per model (``prepare_inference(attention=)``, measured by ``vla serve``).
+
+The vision towers (SigLIP, SmolVLM's) keep their HF modules and run their attention through the same kernels:
+``use_vla_attention(vision)`` sets their attention implementation to ``"vla"``, a function registered with HF's
+``AttentionInterface`` (``vision_attention``). Under ``torch.compile`` this matters twice: Inductor rewrites HF's
+eager matmul-softmax-matmul into the fused SDPA kernel, which in bf16 on an AVX-512-BF16 EPYC ("Zen 4") took 1.9x
+the explicit form's time at the vision tower's shapes (16 images x 6 heads x 196 patches: 10.7 against 5.6 ms,
+``benchmarks/results/attention_2026-12-07_zen4_vision.json``); the ``baddbmm`` form here is not rewritten.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 #: Kernels of inference (no gradient), set per model by ``prepare_inference(attention=)``: ``sdpa`` (default) or
 #: ``explicit``; in bf16 on an AVX-512-BF16 EPYC ("Zen 4") the explicit three-op form took 0.56x SDPA's time for the
 #: expert's chunk at batch 8 but 0.9x at batch 1, and the whole chunk barely moved (``benchmarks/attention.py``,
-#: ``benchmarks/serve.py``): the gain depends on the CPU and batch, so ``vla serve`` measures both.
+#: ``benchmarks/serve.py``): the gain depends on the CPU and batch, so ``vla serve`` measures both. ``train()`` sets
+#: ``auto`` instead: passes without a gradient in bf16 on the CPU (a frozen backbone's, validation) take the kernel
+#: measured for their layout, as the passes with one do (``choose_kernel``).
 INFERENCE_ATTENTION = ("sdpa", "explicit")
 
 
@@ -55,12 +64,18 @@ def check_inference_attention(kernel: str) -> None:
 #: against 4.6 ms for 51); a layout is measured on its first call, which is the one-query one. One query only, so
 #: that a short action chunk is not measured on that pass either.
 SHORT_QUERY = 1
-Layout = tuple[int, int, int, bool]  # (query heads, kv heads, head dim, at most SHORT_QUERY queries)
+#: (query heads, kv heads, head dim, at most SHORT_QUERY queries, forward only): a pass without a gradient (a frozen
+#: backbone's prefix, the frozen vision tower, validation) is measured forward only, as a layout of its own
+#: (recorded as ``HxKVxd[-short]-forward``): on a "Zen 4" EPYC in bf16, compiled, the explicit form took 0.53x
+#: SDPA's time for the frozen vision tower of ``bench_smolvla`` at batch 8 and 0.61x for its language prefix.
+Layout = tuple[int, int, int, bool, bool]
 _chosen: dict[Layout, str] = {}  # measured, pinned per layout or restored: once per process, recorded
 # short layouts an older record's "HxKVxd" covers: used, recorded as it was read
 _implied: dict[Layout, str] = {}
 _pinned: str | None = None
 _restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
+# the resumed record is from before forward-only layouts: passes without a gradient keep SDPA, as that version ran
+_legacy_forward = False
 _env_used: str | None = None  # the environment variable's kernel, once a bf16 CPU attention has run with it
 
 
@@ -119,8 +134,10 @@ def pin_cpu_bf16_kernel(kernel: str | None) -> None:
 def reset_cpu_bf16_kernels() -> None:
     """Forget every kernel measured, pinned or restored in this process: a new training run (several run in one
     process, e.g. the demo's pretraining and fine-tunes) measures afresh and records only the layouts it used."""
+    global _legacy_forward
     _chosen.clear()
     _implied.clear()
+    _legacy_forward = False
     pin_cpu_bf16_kernel(None)
 
 
@@ -128,8 +145,9 @@ def cpu_bf16_kernel_choices() -> dict[str, str]:
     """The kernels this process used for bf16 attention on the CPU, for the checkpoint: ``{"pinned": kernel}``
     (pinned by ``pin_cpu_bf16_kernel``, a resumed record, or the environment variable), ``{"<H>x<KV>x<d>": kernel,
     "<H>x<KV>x<d>-short": kernel, ...}`` (measured per head layout, the ``-short`` one for calls of at most
-    ``SHORT_QUERY`` queries, or taken over from a resumed record), or ``{}`` when none ran (fp32 or GPU training: the
-    environment variable is then not recorded, as it chose nothing)."""
+    ``SHORT_QUERY`` queries, ``-forward`` for passes without a gradient, or taken over from a resumed record), or
+    ``{}`` when none ran (fp32 or GPU training: the environment variable is then not recorded, as it chose
+    nothing)."""
     if _pinned is not None:
         return {"pinned": _pinned}
     if _env_used is not None and not _restored:
@@ -138,8 +156,16 @@ def cpu_bf16_kernel_choices() -> dict[str, str]:
 
 
 def _layout_key(layout: Layout) -> str:
-    h, kv, d, short = layout
-    return f"{h}x{kv}x{d}" + ("-short" if short else "")
+    h, kv, d, short, forward = layout
+    return f"{h}x{kv}x{d}" + ("-short" if short else "") + ("-forward" if forward else "")
+
+
+def _parse_layout(key: str) -> Layout:
+    forward = key.endswith("-forward")
+    key = key.removesuffix("-forward")
+    short = key.endswith("-short")
+    h, kv, d = (int(x) for x in key.removesuffix("-short").split("x"))
+    return h, kv, d, short, forward
 
 
 def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
@@ -149,23 +175,25 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     training, or a checkpoint from before the record) leaves the choice to the environment variable or a
     measurement. A record from before short layouts (``SHORT_QUERY``) has one key per head layout: its kernel runs
     the short calls too (so the resume keeps the kernels that ran), and the record is written back as it was read.
+    A record from before forward-only layouts (no ``-forward`` key) ran its passes without a gradient with SDPA:
+    they keep it, and it is recorded.
 
     Not bitwise across an upgrade of the kernels themselves: a record from before the three-op explicit form
     (``grouped_attention``) resumes with the new form, the same attention rounded differently."""
-    global _restored
+    global _restored, _legacy_forward
     _chosen.clear()  # another run's measurements in this process are not this run's
     _implied.clear()
     pin_cpu_bf16_kernel(choices.get("pinned"))
     for key, kernel in choices.items():
         if key != "pinned" and kernel in KERNELS:
-            heads, short = (key[: -len("-short")], True) if key.endswith("-short") else (key, False)
-            h, kv, d = (int(x) for x in heads.split("x"))
-            _chosen[(h, kv, d, short)] = kernel
-            if not short:
-                _implied[(h, kv, d, True)] = kernel
+            layout = _parse_layout(key)
+            _chosen[layout] = kernel
+            if not layout[3]:
+                _implied[(*layout[:3], True, layout[4])] = kernel
     for layout in _chosen:
         _implied.pop(layout, None)
     _restored = bool(choices)
+    _legacy_forward = _restored and not any(k.endswith("-forward") for k in choices)
     env = env_kernel()
     if choices and env is not None and set(choices.values()) != {env}:
         log.warning(
@@ -176,20 +204,36 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
 
 
 def _cpu_bf16_kernel(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    *,
+    forward: bool = False,
 ) -> str:
-    """The faster attention kernel of a bf16 forward + backward on this CPU, measured once per head layout.
+    """The faster attention kernel of a bf16 forward + backward (``forward``: forward only) on this CPU, measured
+    once per head layout.
 
     CPU families and shapes disagree (``benchmarks/attention.py``): on an AMX Xeon SDPA's bf16 backward took ~3x
     the explicit grouped form at the expert's shapes; on an AVX-512-BF16 EPYC (no AMX) the three-op explicit form
     took 0.35x SDPA's time for the expert's chunk pass while SDPA on float32 copies won the one-query pass. So
     the choice is measured here, on copies of the first inputs, and logged.
-    Calls of at most ``SHORT_QUERY`` queries are measured as a layout of their own."""
+    Calls of at most ``SHORT_QUERY`` queries are measured as a layout of their own.
+
+    Inside ``torch.compile`` (a frozen part's graph) nothing is measured or read from the environment: the choice
+    made by an eager call before the compile (``Trainer`` runs one) is used, else SDPA."""
     global _env_used
+    key = (q.shape[1], k.shape[1], q.shape[3], q.shape[2] <= SHORT_QUERY, forward)
+    if forward and _legacy_forward:  # what the version that wrote the resumed record ran, pinned or not
+        if not torch.compiler.is_compiling():
+            _chosen[key] = "sdpa"
+        return "sdpa"
+    if torch.compiler.is_compiling():
+        return _pinned or _chosen.get(key) or _implied.get(key) or _env_used or "sdpa"
     env = env_kernel()
     if _pinned is not None:
         return _pinned
-    key = (q.shape[1], k.shape[1], q.shape[3], q.shape[2] <= SHORT_QUERY)
     known = _chosen.get(key) or _implied.get(key)
     if env is not None and not (_restored and known):
         if _restored:  # a layout the resumed record lacks: recorded with it, so the next resume keeps it too
@@ -199,22 +243,53 @@ def _cpu_bf16_kernel(
         return env
     if known:
         return known
-    _chosen[key] = _measure(q, k, v, mask, scale)
+    _chosen[key] = _measure(q, k, v, mask, scale, forward=forward)
     log.info("bf16 CPU attention for %s: %s (measured)", _layout_key(key), _chosen[key])
     return _chosen[key]
 
 
-def _measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> str:
-    copies = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+def _measure(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    *,
+    forward: bool = False,
+) -> str:
+    copies = [t.detach().clone().requires_grad_(not forward) for t in (q, k, v)]
     times: dict[str, list[float]] = {kind: [] for kind in KERNELS}
-    with torch.enable_grad():
+    with torch.set_grad_enabled(not forward):
         for i in range(4):  # interleaved; the first round warms both up and is not counted
             for kind in KERNELS if i % 2 == 0 else KERNELS[::-1]:
                 t0 = time.perf_counter()
-                attend(kind, *copies, mask, scale).float().sum().backward()
+                out = attend(kind, *copies, mask, scale)
+                if not forward:
+                    out.float().sum().backward()
                 if i:
                     times[kind].append(time.perf_counter() - t0)
     return min(KERNELS, key=lambda kind: statistics.median(times[kind]))
+
+
+def choose_kernel(
+    module: nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> str:
+    """The kernel an attention ``module`` (a ``SharedKVLayer``, or a vision tower's attention) runs now: with a
+    gradient, bf16 on the CPU takes the kernel measured for the layout, anything else SDPA; without one, an eval
+    model runs its ``inference_attention`` (set by ``prepare_inference``), except ``"auto"`` (set by ``train()``)
+    and a model in training mode (a frozen part): bf16 on the CPU then takes the kernel measured forward only."""
+    cpu_bf16 = q.device.type == "cpu" and _bf16_cpu(q)
+    if torch.is_grad_enabled() and q.requires_grad:
+        return _cpu_bf16_kernel(q, k, v, mask, scale) if cpu_bf16 else "sdpa"
+    kernel = getattr(module, "inference_attention", "sdpa")
+    if not module.training and kernel != "auto":
+        return kernel
+    return _cpu_bf16_kernel(q, k, v, mask, scale, forward=True) if cpu_bf16 else "sdpa"
 
 
 def attend(
@@ -222,14 +297,14 @@ def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention ``[B, H, Tq, d]`` of ``q`` ``[B, H, Tq, d]`` over ``k``/``v`` ``[B, KV, Tk, d]`` (boolean ``mask``
-    ``[B, 1, Tq, Tk]``, True = may attend) with ``kernel``: "sdpa" (PyTorch's fused kernel, grouped-query without
-    repeating K/V), "explicit" (``grouped_attention``; the only one with logit soft-capping) or "sdpa_fp32" (SDPA
-    on float32 copies outside autocast, the result in ``q``'s dtype)."""
+    ``[B, 1, Tq, Tk]``, True = may attend; None: every key) with ``kernel``: "sdpa" (PyTorch's fused kernel,
+    grouped-query without repeating K/V), "explicit" (``grouped_attention``; the only one with logit soft-capping)
+    or "sdpa_fp32" (SDPA on float32 copies outside autocast, the result in ``q``'s dtype)."""
     if softcap or kernel == "explicit":
         return grouped_attention(q, k, v, mask, scale, softcap)
     gqa = q.shape[1] != k.shape[1]
@@ -246,7 +321,7 @@ def grouped_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -261,7 +336,8 @@ def grouped_attention(
     form) cost more than the matmuls. Logits are rounded to the compute dtype, as in HF's eager attention; a row
     with no key allowed gets uniform weights, as there. Logit soft-capping (Gemma2) and float16 (where the lowest
     value plus a negative logit overflows to -inf, and a row with no key allowed would be NaN) keep a form that
-    masks with ``masked_fill`` and takes the softmax in float32."""
+    masks with ``masked_fill`` and takes the softmax in float32. ``mask=None`` (every key, e.g. a vision tower's
+    full images): a zero bias broadcast over the batch, nothing materialized."""
     b, h, t, d = q.shape
     kv, s = k.shape[1], k.shape[2]
     g = h // kv
@@ -271,11 +347,17 @@ def grouped_attention(
         logits = torch.matmul(q.reshape(b, kv, g * t, d), k.transpose(-1, -2)) * scale
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        logits = logits.view(b, kv, g, t, s).masked_fill(~mask[:, :, None], torch.finfo(logits.dtype).min)
+        if mask is not None:
+            logits = logits.view(b, kv, g, t, s).masked_fill(~mask[:, :, None], torch.finfo(logits.dtype).min)
         probs = torch.softmax(logits.float(), dim=-1).to(q.dtype).view(b, kv, g * t, s)
         return torch.matmul(probs, v).view(b, h, t, d)
-    bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill_(~mask, torch.finfo(dtype).min)
-    bias = bias[:, :, None].expand(b, kv, g, t, s).reshape(b * kv, g * t, s)
+    if mask is None:
+        bias = torch.zeros(1, 1, 1, dtype=dtype, device=q.device)
+    else:
+        bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill_(
+            ~mask, torch.finfo(dtype).min
+        )
+        bias = bias[:, :, None].expand(b, kv, g, t, s).reshape(b * kv, g * t, s)
     logits = torch.baddbmm(
         bias, q.reshape(b * kv, g * t, d), k.reshape(b * kv, s, d).transpose(1, 2), alpha=scale
     )
@@ -360,19 +442,11 @@ class SharedKVLayer(nn.Module):
         ``[B, Tq, hidden]``.
 
         SDPA, except where the explicit grouped form is needed (Gemma2's logit soft-capping: nothing to choose) or
-        another kernel is faster: bf16 training on the CPU, where the fastest of ``KERNELS`` is measured per machine
-        (``_cpu_bf16_kernel``), and inference outside training mode, which runs ``inference_attention``."""
+        another kernel is faster (``choose_kernel``): bf16 training on the CPU, where the fastest of ``KERNELS`` is
+        measured per machine (``_cpu_bf16_kernel``), and inference, which runs ``inference_attention``."""
         attn = self.self_attn
         softcap = self.softcap
-        grad = torch.is_grad_enabled() and q.requires_grad
-        if softcap:
-            kernel = "explicit"
-        elif grad and q.device.type == "cpu" and _bf16_cpu(q):
-            kernel = _cpu_bf16_kernel(q, k, v, mask, attn.scaling)
-        elif not grad and not self.training:
-            kernel = self.inference_attention
-        else:
-            kernel = "sdpa"
+        kernel = "explicit" if softcap else choose_kernel(self, q, k, v, mask, attn.scaling)
         out = attend(kernel, q, k, v, mask, attn.scaling, softcap)
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
         return attn.o_proj(out)
@@ -418,3 +492,63 @@ def shared_kv(layer: nn.Module, *, checkpoint_activations: bool = False) -> Shar
     layer.__class__ = shared_kv_class(type(layer))
     layer.checkpoint_activations = checkpoint_activations
     return layer
+
+
+#: The attention implementation name ``use_vla_attention`` gives a vision tower (HF ``AttentionInterface``).
+VISION_ATTENTION = "vla"
+
+
+def vision_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """HF attention function ``"vla"`` of a vision tower's attention ``module``: ``query``/``key``/``value``
+    ``[B, H, T, d]``, boolean ``attention_mask`` ``[B, 1, T, T]`` (True = may attend) or None -> output
+    ``[B, T, H, d]`` and no weights, with the kernel ``choose_kernel`` picks (the module's ``inference_attention``,
+    or a measured one). Dropout in training mode, or a float mask, is left to SDPA, as HF's ``"sdpa"`` does it."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if (dropout and module.training) or (attention_mask is not None and attention_mask.dtype != torch.bool):
+        out = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout if module.training else 0.0,
+            scale=scale,
+        )
+    else:
+        kernel = choose_kernel(module, query, key, value, attention_mask, scale)
+        out = attend(kernel, query, key, value, attention_mask, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_vla_attention(vision: nn.Module) -> list[nn.Module]:
+    """Run the HF vision tower ``vision`` (a ``PreTrainedModel``) with ``vision_attention`` (registered with HF as
+    ``VISION_ATTENTION``, with SDPA's boolean masks) and return its attention modules, which take
+    ``inference_attention`` like the language layers. The saved config is unchanged (HF does not serialize the
+    attention implementation)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(VISION_ATTENTION, vision_attention)
+    AttentionMaskInterface.register(VISION_ATTENTION, sdpa_mask)
+    vision.set_attn_implementation(VISION_ATTENTION)
+    modules = [m for m in vision.modules() if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj"))]
+    if not modules:
+        raise TypeError(f"{type(vision).__name__}: no attention module with q/k/v projections found")
+    for m in modules:
+        m.vla_vision_attention = True  # found by is_attention_module
+        m.inference_attention = "sdpa"
+    return modules
+
+
+def is_attention_module(module: nn.Module) -> bool:
+    """A module whose ``inference_attention`` picks its kernel: a ``SharedKVLayer`` or a vision tower's attention
+    (``use_vla_attention``)."""
+    return isinstance(module, SharedKVLayer) or getattr(module, "vla_vision_attention", False)

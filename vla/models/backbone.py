@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vla.models.attention import check_window, shared_kv
+from vla.models.attention import check_window, shared_kv, use_vla_attention
 from vla.models.compiled import release
 from vla.models.config import BackboneConfig
 from vla.models.hf_loading import (  # re-exported: callers import these from vla.models.backbone too
@@ -69,6 +69,7 @@ class VLMBackbone(nn.Module):
                 inner.language_model,
             )
         self.hf_config = model.config
+        use_vla_attention(self.vision)  # its attention through our kernels (vla.models.attention)
         self.text_config = text.config
         total = len(text.layers)
         n = cfg.num_vlm_layers or total

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from vla.models.attention import SharedKVLayer, check_inference_attention
+from vla.models.attention import SharedKVLayer, check_inference_attention, is_attention_module
 from vla.models.compiled import frozen_compile, release
 
 if TYPE_CHECKING:
@@ -45,10 +45,11 @@ class ServingGraphs(nn.Module):
     ) -> Self:
         """Ready the model for serving: ``eval()``, weights cast to ``dtype`` (``"bfloat16"`` uses AMX on recent
         Xeons and tensor cores on GPUs; the flow integration state stays float32), every language layer's attention
-        kernel set to ``attention`` (``"sdpa"`` or ``"explicit"``, ``vla.models.attention.INFERENCE_ATTENTION``;
+        kernel (and the vision tower's) set to ``attention`` (``"sdpa"`` or ``"explicit"``,
+        ``vla.models.attention.INFERENCE_ATTENTION``;
         which is faster depends on the CPU and dtype: ``vla serve`` measures) and, with ``compile``, the flow step,
         vision tower and language layers compiled with frozen weights (one-time compile cost). ``train()`` puts
-        SDPA back."""
+        ``"auto"`` back (``vla.models.attention.choose_kernel``)."""
         check_inference_attention(attention)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.release_serving_graphs()
@@ -97,9 +98,11 @@ class ServingGraphs(nn.Module):
             self._compile_serving()
 
     def train(self, mode: bool = True) -> Self:
-        if mode:
+        if (
+            mode
+        ):  # passes without a gradient (frozen parts, validation) take the measured kernel (choose_kernel)
             self._drop_compiled()
-            self._set_inference_attention("sdpa")
+            self._set_inference_attention("auto")
         return super().train(mode)
 
     def set_inference_attention(self, kernel: str) -> None:
@@ -116,11 +119,11 @@ class ServingGraphs(nn.Module):
 
     def _set_inference_attention(self, kernel: str) -> None:
         for module in self.modules():
-            if isinstance(module, SharedKVLayer):
+            if is_attention_module(module):
                 module.inference_attention = kernel
 
     @property
     def inference_attention(self) -> str:
-        """The attention kernel ``prepare_inference`` set (``"sdpa"`` until then, and after ``train()``)."""
+        """The attention kernel ``prepare_inference`` set (``"sdpa"`` until then, ``"auto"`` after ``train()``)."""
         kernels = {m.inference_attention for m in self.modules() if isinstance(m, SharedKVLayer)}
         return kernels.pop() if len(kernels) == 1 else "sdpa"

@@ -441,6 +441,8 @@ class Trainer:
         try:
             if cfg.compile == "auto":
                 eager_s = self._time_prefix(batch)
+            else:  # one eager pass first: a compiled graph only reads the CPU bf16 attention kernels measured eagerly
+                self._time_prefix(batch, repeats=0)
             t0 = time.perf_counter()
             backbone.compile_frozen(frozen_compile)
             self._time_prefix(batch, repeats=0)  # compiles
