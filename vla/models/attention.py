@@ -74,7 +74,8 @@ _chosen: dict[Layout, str] = {}  # measured, pinned per layout or restored: once
 _implied: dict[Layout, str] = {}
 _pinned: str | None = None
 _restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
-# the resumed record is from before forward-only layouts: passes without a gradient keep SDPA, as that version ran
+# the resumed record (of measured layouts) is from before forward-only layouts: passes without a gradient keep
+# SDPA, as that version ran them
 _legacy_forward = False
 _env_used: str | None = None  # the environment variable's kernel, once a bf16 CPU attention has run with it
 
@@ -175,8 +176,9 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     training, or a checkpoint from before the record) leaves the choice to the environment variable or a
     measurement. A record from before short layouts (``SHORT_QUERY``) has one key per head layout: its kernel runs
     the short calls too (so the resume keeps the kernels that ran), and the record is written back as it was read.
-    A record from before forward-only layouts (no ``-forward`` key) ran its passes without a gradient with SDPA:
-    they keep it, and it is recorded.
+    A record of measured layouts from before forward-only layouts (no ``-forward`` key) ran its passes without a
+    gradient with SDPA: they keep it, and it is recorded. A pinned record pins those passes too (from before
+    forward-only layouts, it ran them with SDPA: such a resume is not bitwise).
 
     Not bitwise across an upgrade of the kernels themselves: a record from before the three-op explicit form
     (``grouped_attention``) resumes with the new form, the same attention rounded differently."""
@@ -193,7 +195,7 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     for layout in _chosen:
         _implied.pop(layout, None)
     _restored = bool(choices)
-    _legacy_forward = _restored and not any(k.endswith("-forward") for k in choices)
+    _legacy_forward = not _pinned and _restored and not any(k.endswith("-forward") for k in choices)
     env = env_kernel()
     if choices and env is not None and set(choices.values()) != {env}:
         log.warning(
@@ -225,7 +227,7 @@ def _cpu_bf16_kernel(
     made by an eager call before the compile (``Trainer`` runs one) is used, else SDPA."""
     global _env_used
     key = (q.shape[1], k.shape[1], q.shape[3], q.shape[2] <= SHORT_QUERY, forward)
-    if forward and _legacy_forward:  # what the version that wrote the resumed record ran, pinned or not
+    if forward and _legacy_forward:  # what the version that wrote the resumed record ran
         if not torch.compiler.is_compiling():
             _chosen[key] = "sdpa"
         return "sdpa"
