@@ -466,6 +466,12 @@ def test_inference_attention_kernel_is_set_by_prepare_inference(monkeypatch: pyt
     # the vision tower's attention layers run the chosen kernel too (HF attention implementation "vla")
     vision_layers = [x for x in m.backbone.vision.modules() if getattr(x, "vla_vision_attention", False)]
     assert vision_layers and m.backbone.vision.config._attn_implementation == "vla"
+    # whole images only: the tower attends over every patch (no mask); a padded patch mask is refused, not ignored
+    from vla.models.attention import full_image_mask
+
+    assert full_image_mask(attention_mask=torch.ones(2, 16, dtype=torch.bool)) is None
+    with pytest.raises(ValueError, match="whole images only"):
+        full_image_mask(attention_mask=torch.tensor([[True, False]]))
     for kernel in INFERENCE_ATTENTION:
         m.prepare_inference("float32", attention=kernel)
         calls.update(dict.fromkeys(calls, 0))

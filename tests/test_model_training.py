@@ -397,7 +397,8 @@ def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_rec
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A short call (at most SHORT_QUERY queries) and a long one of the same heads are separate layouts; a record
-    from before that split ("HxKVxd" alone) covers both on resume, runs no measurement and is recorded as read."""
+    from before that split ("HxKVxd" alone) covers both on resume, runs no measurement and is recorded as read.
+    Passes without a gradient are layouts of their own too ("-forward"), measured apart and restored."""
     from vla.models import attention
 
     monkeypatch.delenv(attention.KERNEL_ENV, raising=False)
@@ -414,13 +415,15 @@ def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_rec
     assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3) for t in (1, 50)] == ["explicit"] * 2
     assert measured == [1, attention.SHORT_QUERY + 1]
     assert attention.cpu_bf16_kernel_choices() == {"6x2x8": "explicit"}
-    # ... and from before forward-only layouts: passes without a gradient keep SDPA (what that version ran)
-    assert attention._cpu_bf16_kernel(q(50), kv, kv, mask(50), 0.3, forward=True) == "sdpa"
-    assert attention.cpu_bf16_kernel_choices() == {"6x2x8": "explicit", "6x2x8-forward": "sdpa"}
     record = {"6x2x8": "explicit", "6x2x8-short": "sdpa"}  # a newer one: each layout its own kernel
     attention.restore_cpu_bf16_kernels(record)
     assert [attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3) for t in (1, 50)] == ["sdpa", "explicit"]
     assert attention.cpu_bf16_kernel_choices() == record
+    # a newer record that lacks a short layout (no short call before the checkpoint): measured when one comes,
+    # as the uninterrupted run did, rather than taken from the long layout as an older record's is
+    attention.restore_cpu_bf16_kernels({"6x2x8": "explicit", "6x2x8-short-forward": "sdpa"})
+    assert attention._cpu_bf16_kernel(q(1), kv, kv, mask(1), 0.3) == "sdpa_fp32"
+    assert measured == [1, attention.SHORT_QUERY + 1, 1]
     # forward-only passes are layouts of their own: measured apart, recorded with "-forward", restored
     attention.reset_cpu_bf16_kernels()
     measured.clear()
@@ -428,6 +431,16 @@ def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_rec
         attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3)
         attention._cpu_bf16_kernel(q(t), kv, kv, mask(t), 0.3, forward=True)
     assert measured == [1, 1, 50, 50]
+    assert attention.cpu_bf16_kernel_choices() == {
+        "6x2x8-short": "sdpa_fp32",
+        "6x2x8-short-forward": "sdpa_fp32",
+        "6x2x8": "sdpa_fp32",
+        "6x2x8-forward": "sdpa_fp32",
+    }
+    # a record from before forward-only layouts: they are measured on resume (that version ran SDPA unmeasured)
+    attention.restore_cpu_bf16_kernels({"6x2x8": "explicit"})
+    assert attention._cpu_bf16_kernel(q(50), kv, kv, mask(50), 0.3, forward=True) == "sdpa_fp32"
+    assert measured == [1, 1, 50, 50, 50]
     record = {"6x2x8-short": "sdpa", "6x2x8-short-forward": "explicit", "6x2x8": "sdpa_fp32"}
     record["6x2x8-forward"] = "explicit"
     attention.restore_cpu_bf16_kernels(record)
@@ -436,4 +449,5 @@ def test_cpu_bf16_attention_record_keeps_short_queries_apart_and_reads_older_rec
         "explicit",
     ]
     assert attention._cpu_bf16_kernel(q(50), kv, kv, mask(50), 0.3) == "sdpa_fp32"
-    assert measured == [1, 1, 50, 50] and attention.cpu_bf16_kernel_choices() == record
+    assert measured == [1, 1, 50, 50, 50] and attention.cpu_bf16_kernel_choices() == record
+    attention.reset_cpu_bf16_kernels()

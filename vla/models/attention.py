@@ -15,10 +15,11 @@ layout, serving sets one per model (``prepare_inference(attention=)``, measured 
 
 The vision towers (SigLIP, SmolVLM's) keep their HF modules and run their attention through the same kernels:
 ``use_vla_attention(vision)`` sets their attention implementation to ``"vla"``, a function registered with HF's
-``AttentionInterface`` (``vision_attention``). Under ``torch.compile`` this matters twice: Inductor rewrites HF's
-eager matmul-softmax-matmul into the fused SDPA kernel, which in bf16 on an AVX-512-BF16 EPYC ("Zen 4") took 1.9x
-the explicit form's time at the vision tower's shapes (16 images x 6 heads x 196 patches: 10.7 against 5.6 ms,
-``benchmarks/results/attention_2026-12-07_zen4_vision.json``); the ``baddbmm`` form here is not rewritten.
+``AttentionInterface`` (``vision_attention``). Before, they ran HF's default, SDPA, which in bf16 on an AVX-512-BF16
+EPYC ("Zen 4") took 1.9x the explicit form's time at the vision tower's shapes, compiled (16 images x 6 heads x 196
+patches: 10.7 against 5.6 ms, ``benchmarks/results/attention_2026-12-07_zen4_vision.json``). HF's own eager form
+(``attn_implementation="eager"``) would not do: Inductor rewrites its matmul-softmax-matmul into the fused SDPA
+kernel; the ``baddbmm`` form here is not rewritten.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from transformers.models.llama.modeling_llama import rotate_half
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
 
-#: ``VLA_CPU_BF16_ATTENTION=sdpa|explicit|sdpa_fp32`` pins the kernel of bf16 training on the CPU; ``auto``
-#: (default) measures. ``sdpa_fp32`` runs SDPA on float32 copies of q/k/v outside autocast (more exact, and on CPUs
+#: ``VLA_CPU_BF16_ATTENTION=sdpa|explicit|sdpa_fp32`` pins the kernel of bf16 training on the CPU (every pass: with
+#: a gradient, and without one, e.g. a frozen backbone's); ``auto`` (default) measures per layout. ``sdpa_fp32`` runs SDPA on float32 copies of q/k/v outside autocast (more exact, and on CPUs
 #: whose bf16 SDPA backward is slow, e.g. an AVX-512-BF16 EPYC without AMX, faster).
 KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
 KERNELS = ("sdpa", "explicit", "sdpa_fp32")
@@ -74,9 +75,6 @@ _chosen: dict[Layout, str] = {}  # measured, pinned per layout or restored: once
 _implied: dict[Layout, str] = {}
 _pinned: str | None = None
 _restored = False  # _chosen holds a resumed checkpoint's record, which wins over the environment variable
-# the resumed record (of measured layouts) is from before forward-only layouts: passes without a gradient keep
-# SDPA, as that version ran them
-_legacy_forward = False
 _env_used: str | None = None  # the environment variable's kernel, once a bf16 CPU attention has run with it
 
 
@@ -123,8 +121,8 @@ def env_kernel() -> str | None:
 
 
 def pin_cpu_bf16_kernel(kernel: str | None) -> None:
-    """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on (None: the
-    environment variable's kernel, else measure). A resumed run pins the kernel its checkpoint was trained with, so
+    """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on, in passes with and
+    without a gradient (None: the environment variable's kernel, else measure). A resumed run pins the kernel its checkpoint was trained with, so
     resuming never switches kernels."""
     global _pinned, _restored, _env_used
     if kernel is not None and kernel not in KERNELS:
@@ -135,10 +133,8 @@ def pin_cpu_bf16_kernel(kernel: str | None) -> None:
 def reset_cpu_bf16_kernels() -> None:
     """Forget every kernel measured, pinned or restored in this process: a new training run (several run in one
     process, e.g. the demo's pretraining and fine-tunes) measures afresh and records only the layouts it used."""
-    global _legacy_forward
     _chosen.clear()
     _implied.clear()
-    _legacy_forward = False
     pin_cpu_bf16_kernel(None)
 
 
@@ -176,26 +172,25 @@ def restore_cpu_bf16_kernels(choices: dict[str, str]) -> None:
     training, or a checkpoint from before the record) leaves the choice to the environment variable or a
     measurement. A record from before short layouts (``SHORT_QUERY``) has one key per head layout: its kernel runs
     the short calls too (so the resume keeps the kernels that ran), and the record is written back as it was read.
-    A record of measured layouts from before forward-only layouts (no ``-forward`` key) ran its passes without a
-    gradient with SDPA: they keep it, and it is recorded. A pinned record pins those passes too (from before
-    forward-only layouts, it ran them with SDPA: such a resume is not bitwise).
+    A record from before forward-only layouts (no ``-forward`` key) ran its passes without a gradient with SDPA,
+    unmeasured, and its vision tower with HF's SDPA: such a resume measures (or pins) those as this version does.
 
     Not bitwise across an upgrade of the kernels themselves: a record from before the three-op explicit form
     (``grouped_attention``) resumes with the new form, the same attention rounded differently."""
-    global _restored, _legacy_forward
+    global _restored
     _chosen.clear()  # another run's measurements in this process are not this run's
     _implied.clear()
     pin_cpu_bf16_kernel(choices.get("pinned"))
+    before_short = not any("-short" in key for key in choices)
     for key, kernel in choices.items():
         if key != "pinned" and kernel in KERNELS:
             layout = _parse_layout(key)
             _chosen[layout] = kernel
-            if not layout[3]:
-                _implied[(*layout[:3], True, layout[4])] = kernel
+            if before_short and not layout[3] and not layout[4]:  # it ran the short calls too
+                _implied[(*layout[:3], True, False)] = kernel
     for layout in _chosen:
         _implied.pop(layout, None)
     _restored = bool(choices)
-    _legacy_forward = not _pinned and _restored and not any(k.endswith("-forward") for k in choices)
     env = env_kernel()
     if choices and env is not None and set(choices.values()) != {env}:
         log.warning(
@@ -227,10 +222,6 @@ def _cpu_bf16_kernel(
     made by an eager call before the compile (``Trainer`` runs one) is used, else SDPA."""
     global _env_used
     key = (q.shape[1], k.shape[1], q.shape[3], q.shape[2] <= SHORT_QUERY, forward)
-    if forward and _legacy_forward:  # what the version that wrote the resumed record ran
-        if not torch.compiler.is_compiling():
-            _chosen[key] = "sdpa"
-        return "sdpa"
     if torch.compiler.is_compiling():
         return _pinned or _chosen.get(key) or _implied.get(key) or _env_used or "sdpa"
     env = env_kernel()
@@ -377,9 +368,8 @@ class SharedKVLayer(nn.Module):
 
     checkpoint_activations: bool = False
     keys_values_only: bool = False
-    inference_attention: str = (
-        "sdpa"  # set by prepare_inference; used outside training mode without a gradient
-    )
+    # set by prepare_inference (and "auto", measured, by train()); used outside training mode without a gradient
+    inference_attention: str = "sdpa"
 
     @property
     def softcap(self) -> float | None:
@@ -530,16 +520,30 @@ def vision_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+def full_image_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: object) -> None:
+    """HF attention-mask function of ``VISION_ATTENTION``: no mask (every patch attends to every patch). The
+    vision towers vla runs only ever see whole images (``VLMBackbone.pixels`` resizes every frame to the full square
+    and no patch mask is passed), so HF's all-ones patch mask says nothing; under ``torch.compile`` SDPA's mask
+    function could not tell and built a full ``[B, 1, T, T]`` mask, which the explicit form then expanded per head in
+    every layer. Checked where it can be (eager): a padded image would be an error here, not a silent full view."""
+    if attention_mask is not None and not torch.compiler.is_compiling() and not bool(attention_mask.all()):
+        raise ValueError(
+            "vla's vision attention serves whole images only; got a padded patch mask (call the vision tower "
+            "without one, as VLMBackbone does, or give it attn_implementation='sdpa')"
+        )
+    return None
+
+
 def use_vla_attention(vision: nn.Module) -> list[nn.Module]:
     """Run the HF vision tower ``vision`` (a ``PreTrainedModel``) with ``vision_attention`` (registered with HF as
-    ``VISION_ATTENTION``, with SDPA's boolean masks) and return its attention modules, which take
+    ``VISION_ATTENTION``, with ``full_image_mask``) and return its attention modules, which take
     ``inference_attention`` like the language layers. The saved config is unchanged (HF does not serialize the
     attention implementation)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(VISION_ATTENTION, vision_attention)
-    AttentionMaskInterface.register(VISION_ATTENTION, sdpa_mask)
+    AttentionMaskInterface.register(VISION_ATTENTION, full_image_mask)
     vision.set_attn_implementation(VISION_ATTENTION)
     modules = [m for m in vision.modules() if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj"))]
     if not modules:

@@ -98,9 +98,8 @@ class ServingGraphs(nn.Module):
             self._compile_serving()
 
     def train(self, mode: bool = True) -> Self:
-        if (
-            mode
-        ):  # passes without a gradient (frozen parts, validation) take the measured kernel (choose_kernel)
+        # passes without a gradient (frozen parts, validation) take a measured kernel (choose_kernel)
+        if mode:
             self._drop_compiled()
             self._set_inference_attention("auto")
         return super().train(mode)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vla.models.attention import INFERENCE_ATTENTION, SharedKVLayer, check_inference_attention
+from vla.models.attention import INFERENCE_ATTENTION, check_inference_attention
 from vla.policy import ActionSafetyError, Policy
 from vla.types import Observation
 
@@ -163,14 +163,12 @@ def select_mode(
 ) -> tuple[Mode, list[Trial]]:
     """Time ``modes`` and leave ``policy.model`` prepared in the fastest accurate one. A mode whose attention is
     None is timed with both kernels where eager, and with the winner of its dtype's accepted eager trials where
-    compiled (both when there is none); a soft-capped model runs the explicit form only. A single mode with its
+    compiled (both when there is none); a soft-capped model's language layers run the explicit form whatever the
+    kernel (only it has soft-capping), so there the kernel is its vision tower's. A single mode with its
     kernel set is only prepared and warmed up (nothing to compare). A candidate whose chunk is non-finite
     (``ActionSafetyError``, e.g. a bf16 overflow) is logged and left out; when every candidate is, that error is
     raised (nothing can be served)."""
     batch_sizes = sorted(set(batch_sizes))
-    capped = softcapped(policy)
-    if capped:  # only the explicit form has soft-capping: whatever the kernel, it is what runs
-        modes = list(dict.fromkeys(Mode(m.dtype, m.compile, "explicit") for m in modes))
     if len(modes) == 1 and modes[0].attention is not None:
         _prepare(policy, modes[0])
         if modes[0].compile:
@@ -185,7 +183,7 @@ def select_mode(
     def chunks() -> np.ndarray:
         return np.concatenate([c.actions.ravel() for c in policy.infer_batch(probe, seeds=seeds)])
 
-    reference_mode = Mode("float32", False, "explicit" if capped else "sdpa")
+    reference_mode = Mode("float32", False, "sdpa")
     loaded.prepare(policy, reference_mode)
     reference = chunks()
     scale = float(np.abs(reference).max()) or 1.0
@@ -272,11 +270,6 @@ def time_forward(policy: Policy) -> float:
 
 def _fastest(trials: list[Trial]) -> Trial:
     return min(trials, key=lambda t: statistics.fmean(t.seconds_per_chunk.values()))
-
-
-def softcapped(policy: Policy) -> bool:
-    """True when a language layer soft-caps its attention logits (Gemma2): only the explicit form has it."""
-    return any(isinstance(m, SharedKVLayer) and m.softcap for m in policy.model.modules())
 
 
 def _prepare(policy: Policy, mode: Mode) -> None:

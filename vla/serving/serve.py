@@ -81,7 +81,7 @@ def add_serve_parser(sub: Any) -> None:
         choices=["sdpa", "explicit"],
         default=None,
         help="attention kernel: PyTorch's fused SDPA or the explicit three-op form (default: whichever measured "
-        "faster; a soft-capped model, Gemma2, runs the explicit form)",
+        "faster; a soft-capped model's language layers, Gemma2's, run the explicit form either way)",
     )
     s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest request accepted (MiB)")
     s.add_argument(

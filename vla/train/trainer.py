@@ -429,6 +429,7 @@ class Trainer:
             return {**out, "reason": "FSDP2"}
         if self.pinned_compile is not None and cfg.compile == "auto":  # an explicit setting wins
             if self.pinned_compile:
+                self._time_prefix(batch, repeats=0)  # eager first: kernels the record lacks are measured here
                 backbone.compile_frozen(frozen_compile)
             return {**out, "compiled": self.pinned_compile, "reason": "the resumed checkpoint's choice"}
         remaining = cfg.steps - self.step
