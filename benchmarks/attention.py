@@ -26,6 +26,7 @@ interleave the kernels (A B C C B A ...) so a shared machine's load hits them al
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -101,19 +102,26 @@ def _summary(med: dict[str, float]) -> dict:
     }
 
 
+def _forward_medians(fns: dict, args: tuple, iters: int) -> dict[str, float]:
+    """Median seconds of each ``fns[kind](*args)`` without a gradient, the kinds interleaved (A B, B A, ...) after
+    two warm-up rounds."""
+    kinds = list(fns)
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    with torch.inference_mode():
+        for i in range(iters + 2):
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                t0 = time.perf_counter()
+                fns[kind](*args)
+                if i >= 2:
+                    times[kind].append(time.perf_counter() - t0)
+    return {kind: statistics.median(ts) for kind, ts in times.items()}
+
+
 def measure_inference(shape: dict, batch: int, dtype: torch.dtype, iters: int) -> dict:
     """Median forward time of each inference kernel, no gradient, ``dtype`` tensors (a served model's)."""
     q, k, v, mask = inputs({**shape, "batch": batch}, grad=False, dtype=dtype)
-    scale = q.shape[-1] ** -0.5
-    times: dict[str, list[float]] = {kind: [] for kind in INFERENCE_KERNELS}
-    with torch.inference_mode():
-        for i in range(iters + 2):
-            for kind in INFERENCE_KERNELS if i % 2 == 0 else INFERENCE_KERNELS[::-1]:
-                t0 = time.perf_counter()
-                attend(kind, q, k, v, mask, scale)
-                if i >= 2:
-                    times[kind].append(time.perf_counter() - t0)
-    return _summary({kind: statistics.median(ts) for kind, ts in times.items()})
+    fns = {kind: functools.partial(attend, kind) for kind in INFERENCE_KERNELS}
+    return _summary(_forward_medians(fns, (q, k, v, mask, q.shape[-1] ** -0.5), iters))
 
 
 def hf_eager(q, k, v, mask, scale):
@@ -145,14 +153,7 @@ def measure_compiled(shape: dict, iters: int) -> dict:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 fn(q, k, v, mask)
             rewritten[kind] = any("scaled_dot_product" in e.key for e in prof.key_averages())
-        times: dict[str, list[float]] = {kind: [] for kind in fns}
-        for i in range(iters + 2):
-            for kind in COMPILED_KERNELS if i % 2 == 0 else COMPILED_KERNELS[::-1]:
-                t0 = time.perf_counter()
-                fns[kind](q, k, v, mask)
-                if i >= 2:
-                    times[kind].append(time.perf_counter() - t0)
-    out = _summary({kind: statistics.median(ts) for kind, ts in times.items()})
+    out = _summary(_forward_medians(fns, (q, k, v, mask), iters))
     return {**out, "rewritten_to_sdpa": {k: v for k, v in rewritten.items() if k != "sdpa"}}
 
 

@@ -14,12 +14,12 @@ attention logit soft-capping). Attention is SDPA (grouped-query without repeatin
 layout, serving sets one per model (``prepare_inference(attention=)``, measured by ``vla serve``).
 
 The vision towers (SigLIP, SmolVLM's) keep their HF modules and run their attention through the same kernels:
-``use_vla_attention(vision)`` sets their attention implementation to ``"vla"``, a function registered with HF's
-``AttentionInterface`` (``vision_attention``). Before, they ran HF's default, SDPA, which in bf16 on an AVX-512-BF16
-EPYC ("Zen 4") took 1.9x the explicit form's time at the vision tower's shapes, compiled (16 images x 6 heads x 196
-patches: 10.7 against 5.6 ms, ``benchmarks/results/attention_2026-12-07_zen4_vision.json``). HF's own eager form
-(``attn_implementation="eager"``) would not do: Inductor rewrites its matmul-softmax-matmul into the fused SDPA
-kernel; the ``baddbmm`` form here is not rewritten.
+``use_vla_attention(vision)`` sets their attention implementation to ``"vla"``, a function registered with
+HF's ``AttentionInterface`` (``vision_attention``). Before, they ran HF's default, SDPA, which in bf16 on an
+AVX-512-BF16 EPYC ("Zen 4") took 1.9x the explicit form's time at the vision tower's shapes, compiled (16 images x
+6 heads x 196 patches: 10.7 against 5.6 ms, ``benchmarks/results/attention_2026-12-07_zen4_vision.json``). HF's
+own eager form (``attn_implementation="eager"``) would not do: Inductor rewrites its matmul-softmax-matmul into the
+fused SDPA kernel; the ``baddbmm`` form here is not rewritten.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ KeysValues = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
 
 #: ``VLA_CPU_BF16_ATTENTION=sdpa|explicit|sdpa_fp32`` pins the kernel of bf16 training on the CPU (every pass: with
-#: a gradient, and without one, e.g. a frozen backbone's); ``auto`` (default) measures per layout. ``sdpa_fp32`` runs SDPA on float32 copies of q/k/v outside autocast (more exact, and on CPUs
-#: whose bf16 SDPA backward is slow, e.g. an AVX-512-BF16 EPYC without AMX, faster).
+#: a gradient, and without one, e.g. a frozen backbone's); ``auto`` (default) measures per layout. ``sdpa_fp32``
+#: runs SDPA on float32 copies of q/k/v outside autocast (more exact, and on CPUs whose bf16 SDPA backward is slow,
+#: e.g. an AVX-512-BF16 EPYC without AMX, faster).
 KERNEL_ENV = "VLA_CPU_BF16_ATTENTION"
 KERNELS = ("sdpa", "explicit", "sdpa_fp32")
 #: Kernels of inference (no gradient), set per model by ``prepare_inference(attention=)``: ``sdpa`` (default) or
@@ -122,8 +123,8 @@ def env_kernel() -> str | None:
 
 def pin_cpu_bf16_kernel(kernel: str | None) -> None:
     """Use ``kernel`` (one of ``KERNELS``) for bf16 training attention on the CPU from now on, in passes with and
-    without a gradient (None: the environment variable's kernel, else measure). A resumed run pins the kernel its checkpoint was trained with, so
-    resuming never switches kernels."""
+    without a gradient (None: the environment variable's kernel, else measure). A resumed run pins the kernel its
+    checkpoint was trained with, so resuming never switches kernels."""
     global _pinned, _restored, _env_used
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"CPU bf16 attention kernel must be one of {KERNELS} or None, got {kernel!r}")
@@ -534,10 +535,10 @@ def full_image_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: obj
     return None
 
 
-def use_vla_attention(vision: nn.Module) -> list[nn.Module]:
+def use_vla_attention(vision: nn.Module) -> None:
     """Run the HF vision tower ``vision`` (a ``PreTrainedModel``) with ``vision_attention`` (registered with HF as
-    ``VISION_ATTENTION``, with ``full_image_mask``) and return its attention modules, which take
-    ``inference_attention`` like the language layers. The saved config is unchanged (HF does not serialize the
+    ``VISION_ATTENTION``, with ``full_image_mask``); its attention modules take ``inference_attention`` like the
+    language layers (``is_attention_module``). The saved config is unchanged (HF does not serialize the
     attention implementation)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -551,7 +552,6 @@ def use_vla_attention(vision: nn.Module) -> list[nn.Module]:
     for m in modules:
         m.vla_vision_attention = True  # found by is_attention_module
         m.inference_attention = "sdpa"
-    return modules
 
 
 def is_attention_module(module: nn.Module) -> bool:
