@@ -23,7 +23,7 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --
 
 .PHONY: install demo test test-gpu lint format bench clean chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@$(PY) -c "import torch" 2>/dev/null || { \
 		echo "installing $(TORCH) first: vla needs torch>=2.5, and this picks its build (the largest download and"; \
@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml
 	@echo "installing vla and its dependencies into $(VENV) (pip install -e '.[dev]')"
 	$(PY) -m pip install -q -e ".[dev]"
 	@# openpi's robot client for the serving compatibility tests; --no-deps: it pins numpy<2 but its code runs on
-	@# numpy 2 and needs only msgpack and websockets, which the project has.
-	$(PY) -m pip install -q --no-deps "openpi-client==0.1.2"
+	@# numpy 2 and needs only msgpack and websockets, which the project has, and dm-tree (no dependencies of its
+	@# own), which its ActionChunkBroker imports.
+	$(PY) -m pip install -q --no-deps "openpi-client==0.1.2" "dm-tree==0.1.8"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -196,7 +196,7 @@ def test_openpi_client_gets_the_policys_actions(server: Server, policy: Policy) 
         assert out["actions"].dtype == np.float32 and out["actions"].shape == want.shape, name
         np.testing.assert_allclose(out["actions"], want, atol=TOL, err_msg=name)
         assert out["server_timing"]["infer_ms"] > 0 and ("prev_total_ms" in out["server_timing"]) == (i > 0)
-        assert out["safety"]["clamped"].shape == (8,)
+        assert isinstance(out["safety"]["clamped"], list) and len(out["safety"]["clamped"]) == 8
     assert not np.allclose(
         expected, expected_primary_only
     )  # the wrist camera mattered: the mapping is checked
@@ -243,6 +243,38 @@ EXPECTED_ERRORS = {
     "unknown embodiment": "unknown embodiment 'r2d2'",
     "oversize frame": "exceeds the limit of 1048576 bytes",
 }
+
+
+def test_openpi_action_chunk_broker_steps_through_a_served_chunk(server: Server, policy: Policy) -> None:
+    """openpi's own ``ActionChunkBroker`` indexes every numpy array of a response by the step, so no field but
+    ``actions`` may be an array: ``safety.clamped`` is a list. (As an int array ``[A]`` it broke the broker at step A
+    of a chunk longer than A, e.g. openpi's usual H = 50, A = 7.)"""
+    chunk_broker = pytest.importorskip(
+        "openpi_client.action_chunk_broker",
+        reason="openpi-client (and dm-tree, which its broker imports) not installed: `make install` adds them",
+    )
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    request = {**observation(5), "seed": 3}
+    want = reference(policy, request, seed=3)
+    horizon, width = want.shape
+    response = WebsocketClientPolicy(server.url, api_key=API_KEY).infer(request)
+    arrays = [k for k, v in _leaves(response) if isinstance(v, np.ndarray)]
+    assert arrays == ["actions"], arrays  # what the broker slices per step
+    broker = chunk_broker.ActionChunkBroker(WebsocketClientPolicy(server.url, api_key=API_KEY), horizon)
+    for step in range(horizon):
+        out = broker.infer(request)
+        np.testing.assert_allclose(out["actions"], want[step], atol=TOL)
+        assert len(out["safety"]["clamped"]) == width and out["server_timing"]["infer_ms"] > 0
+
+
+def _leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every non-dict value of nested dicts."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, f"{path}.{k}" if path else str(k))
+    else:
+        yield path, tree
 
 
 def test_every_malformed_request_gets_its_error_while_others_are_served(
@@ -387,17 +419,36 @@ def test_async_client_concurrent_requests(server: Server, policy: Policy) -> Non
         ):
             assert a.metadata["protocol_version"] == 1
             both = await asyncio.gather(a.infer(reqs[0]), b.infer(reqs[1]))
-            return [*both, await a.infer(reqs[2])]
+            # concurrent calls on one client take turns (before: the second recv() failed and dropped the first)
+            shared = await asyncio.gather(*(a.infer(r) for r in reqs))
+            return [*both, await a.infer(reqs[2]), *shared]
 
     async def refused() -> None:
         async with AsyncWebsocketClient(server.url, api_key="wrong-key-0123456789", connect_timeout=5):
             pass
 
     outs = asyncio.run(run())
-    for out, req in zip(outs, reqs):
+    assert len(outs) == 6
+    for out, req in zip(outs, [*reqs, *reqs]):
         np.testing.assert_allclose(out["actions"], reference(policy, req, seed=req["seed"]), atol=TOL)
     with pytest.raises(InvalidStatus):
         asyncio.run(refused())
+
+
+def test_sync_client_shared_by_threads_takes_turns(server: Server, policy: Policy) -> None:
+    """Threads calling one ``WebsocketClient`` at once each get their own chunk (before: two threads in one
+    connection's recv() at a time raised, or read each other's answers)."""
+    reqs = [{**observation(30 + i), "seed": i} for i in range(4)]
+    outs: dict[int, Any] = {}
+    with WebsocketClient(server.url, api_key=API_KEY) as client:
+        threads = [threading.Thread(target=lambda i=i: outs.update({i: client.infer(reqs[i])})) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert sorted(outs) == [0, 1, 2, 3]
+    for i, req in enumerate(reqs):
+        np.testing.assert_allclose(outs[i]["actions"], reference(policy, req, seed=i), atol=TOL)
 
 
 def test_served_sim_episode_through_client_and_broker(server: Server) -> None:

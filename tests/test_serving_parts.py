@@ -374,6 +374,17 @@ def test_broker_prefetch_skips_the_stale_steps_and_blends_the_overlap() -> None:
         ActionChunkBroker(policy, execute=2, prefetch=3)
 
 
+def test_broker_prefetch_equal_to_execute_queries_at_each_chunks_first_step() -> None:
+    """``prefetch == execute`` (allowed): the next query goes out in the background at the step a chunk starts,
+    and each switch skips ``prefetch`` actions of the new chunk (before: it never prefetched at all)."""
+    policy = CountingPolicy(horizon=6)
+    broker = ActionChunkBroker(policy, execute=2, prefetch=2, blend=0)
+    got = [float(broker.act({"t": t})[0]) for t in range(6)]
+    assert policy.seen == [0, 0, 2, 4]  # chunk 0 at t=0 and its prefetch at once; then one at each switch
+    assert got == [0, 1, 102, 103, 202, 203]
+    broker.reset()
+
+
 def test_broker_prefetch_sends_the_observation_as_it_was_at_the_call() -> None:
     """A robot loop refills its camera and state buffers in place right after ``act``: the prefetch thread, which
     sends later, must send the values of the call (before: it packed whatever the buffers held by then)."""

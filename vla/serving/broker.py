@@ -65,7 +65,8 @@ class ActionChunkBroker:
             self._chunk = self._query(obs)
         elif self._step >= self.execute:
             self._chunk = self._switch(obs)
-        elif self.prefetch and self._step == self.execute - self.prefetch and self._thread is None:
+        # not an elif: with prefetch == execute the next query goes out at the new chunk's first step
+        if self.prefetch and self._step == self.execute - self.prefetch and self._thread is None:
             self._start_prefetch(obs)
         action = self._chunk[self._step]
         self._step += 1

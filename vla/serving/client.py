@@ -14,7 +14,7 @@ Needs only numpy, msgpack and websockets (``pip install numpy msgpack websockets
             "embodiment": "sim_panda",        # needed when the server serves several
         })
         out["actions"]                        # float32 [H, A] in the robot's units
-        out["safety"]["clamped"]              # int [A]: values clamped to the spec's limits per action dim
+        out["safety"]["clamped"]              # list of A ints: values clamped to the spec's limits per dim
         out["server_timing"]["infer_ms"]
 
         broker = ActionChunkBroker(client, execute=8)   # run 8 of the H actions, then re-query
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -86,7 +87,8 @@ def _decoded(reply: str | bytes, drop: Callable[[], None]) -> dict[str, Any]:
 
 
 class WebsocketClient:
-    """Blocking client: ``infer(obs) -> response``; one request in flight at a time (use one per thread)."""
+    """Blocking client: ``infer(obs) -> response``. One request is in flight at a time: calls from several threads
+    take turns on the one connection (a client per thread runs them concurrently, and the server batches them)."""
 
     def __init__(
         self,
@@ -106,6 +108,7 @@ class WebsocketClient:
         )
         self._ws: websockets.sync.client.ClientConnection | None = None
         self.metadata: dict[str, Any] = {}
+        self._lock = threading.Lock()  # one request/response exchange on the connection at a time
         self._connect()
 
     def _connect(self) -> None:
@@ -138,6 +141,10 @@ class WebsocketClient:
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         """Send one observation, return the server's response (``actions`` float32 [H, A], ``server_timing``, ...)."""
         frame = pack(obs)
+        with self._lock:
+            return self._exchange(frame)
+
+    def _exchange(self, frame: bytes) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
             if self._ws is None:
                 self._connect()
@@ -179,7 +186,9 @@ class WebsocketClient:
 
 
 class AsyncWebsocketClient:
-    """asyncio client: ``await AsyncWebsocketClient.open(url)`` or ``async with AsyncWebsocketClient(url)``."""
+    """asyncio client: ``await AsyncWebsocketClient.open(url)`` or ``async with AsyncWebsocketClient(url)``.
+    Concurrent ``infer`` calls on one client take turns on its connection (a client per task runs them
+    concurrently, and the server batches them)."""
 
     def __init__(
         self,
@@ -199,6 +208,9 @@ class AsyncWebsocketClient:
         )
         self._ws: websockets.asyncio.client.ClientConnection | None = None
         self.metadata: dict[str, Any] = {}
+        # one request/response exchange on the connection at a time: a second concurrent recv() is an error in
+        # websockets, and its clean-up would drop the first call's connection
+        self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, url: str = "ws://127.0.0.1:8000", **kwargs: Any) -> AsyncWebsocketClient:
@@ -235,6 +247,10 @@ class AsyncWebsocketClient:
     async def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         """Send one observation and await the server's response."""
         frame = pack(obs)
+        async with self._lock:
+            return await self._exchange(frame)
+
+    async def _exchange(self, frame: bytes) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
             if self._ws is None:
                 await self.connect()

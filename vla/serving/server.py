@@ -6,7 +6,7 @@ Routes (all on one port):
   ``server``, ``model``, ``embodiments`` with their specs, chunk length, control rate, state/action names, cameras
   and accepted ``observation_keys``), then one binary response per binary request (``vla.serving.protocol``).
   Response: ``actions`` float32 ``[H, A]`` (robot units, clamped to the spec's limits), ``embodiment``,
-  ``safety: {clamped: int64 [A], clamped_total}``, ``server_timing: {infer_ms, batch_size, queue_ms,
+  ``safety: {clamped: [A] ints (a list), clamped_total}``, ``server_timing: {infer_ms, batch_size, queue_ms,
   prev_total_ms (from the 2nd request)}``. A bad request gets a short text frame, then close 1011 (openpi's
   behaviour); other connections are unaffected. The one exception: a frame over twice ``--max-frame-mb`` is cut
   off by the protocol layer as it arrives (close 1009, the reason naming that size), so that it never has to be
@@ -182,7 +182,8 @@ class ServingApp:
         return {
             "actions": chunk.actions,
             "embodiment": chunk.embodiment,
-            "safety": {"clamped": chunk.clamped, "clamped_total": int(chunk.clamped.sum())},
+            # a list, not an array: openpi's ActionChunkBroker indexes every array of a response by the step
+            "safety": {"clamped": chunk.clamped.tolist(), "clamped_total": int(chunk.clamped.sum())},
             "server_timing": {
                 "infer_ms": result.infer_ms,
                 "batch_size": result.batch_size,
