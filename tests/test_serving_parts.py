@@ -905,7 +905,9 @@ def test_compiled_warm_up_covers_every_embodiment_two_prompt_lengths_and_both_ba
 ) -> None:
     """A compiled graph specializes on the first prompt token count it sees and recompiles once (as dynamic) at the
     second; the kept compiled mode is warmed up at batch 1 and ``--max-batch`` with every served embodiment and two
-    prompt lengths (and a mixed batch), so the first real request does not pay that recompile after ``/healthz``.
+    prompt lengths (and a mixed batch), so the first real request does not pay that recompile after ``/healthz``;
+    and with one camera of several (a vision batch of 1, always specialized: a 13 s stall of every client when a
+    real request first brought it, on this tiny model).
     (Measured with Inductor on this tiny model: after this warm-up, requests with new prompt lengths, batch sizes
     and embodiment mixes compiled no new graph.) Compiling is replaced by an eager run: the plan is under test."""
     from dataclasses import replace
@@ -918,6 +920,7 @@ def test_compiled_warm_up_covers_every_embodiment_two_prompt_lengths_and_both_ba
     policy = _policy()
     real = policy.infer_batch
     calls: list[tuple[int, frozenset[str], frozenset[str]]] = []
+    images: list[tuple[int, str, int]] = []  # (batch size, embodiment, images in the batch)
 
     def recording(observations: list, **kw: Any) -> list:
         calls.append(
@@ -927,11 +930,15 @@ def test_compiled_warm_up_covers_every_embodiment_two_prompt_lengths_and_both_ba
                 frozenset(o.prompt for o in observations),
             )
         )
+        images.append(
+            (len(observations), observations[0].embodiment, sum(len(o.images) for o in observations))
+        )
         return real(observations, **kw)
 
     monkeypatch.setattr(policy, "infer_batch", recording)
     for candidate in (Mode("float32", True, "sdpa"), Mode("float32", True, None)):  # warmed only / timed
         calls.clear()
+        images.clear()
         mode, _ = select_mode(policy, [candidate], [1, 4], repeats=1)
         assert mode.compile
         for batch in (1, 4):
@@ -942,6 +949,9 @@ def test_compiled_warm_up_covers_every_embodiment_two_prompt_lengths_and_both_ba
                 }
                 assert len(tokens) >= 2, (batch, embodiment, prompts)  # two prompt token counts
         assert any(b == 4 and len(e) == 2 and len(ps) == 2 for b, e, ps in calls)  # a mixed batch
+        # a request with one of several cameras is a vision batch of 1 (always specialized): warmed up too
+        multi = [e for e in SERVED if len(policy.spec(e).cameras) > 1]
+        assert multi and all((1, e, 1) in images for e in multi), images
 
 
 def test_every_trial_starts_from_the_weights_as_loaded() -> None:

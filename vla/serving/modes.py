@@ -120,16 +120,18 @@ def synthetic_observations(
     *,
     embodiment: str | None = None,
     prompts: tuple[str, ...] = WARM_UP_PROMPTS[:1],
+    cameras: int | None = None,
 ) -> list[Observation]:
     """``n`` observations cycling over the served embodiments (or all of ``embodiment``) and over ``prompts``:
-    random pixels at each camera's native size and a state in the middle of the spec's limits (0 where
-    unbounded)."""
+    random pixels at each camera's native size (the spec's first ``cameras`` cameras; all by default) and a state in
+    the middle of the spec's limits (0 where unbounded)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         spec = policy.spec(embodiment or policy.embodiments[i % len(policy.embodiments)])
         images = {
-            s: rng.integers(0, 256, (c.height, c.width, 3), dtype=np.uint8) for s, c in spec.cameras.items()
+            s: rng.integers(0, 256, (c.height, c.width, 3), dtype=np.uint8)
+            for s, c in list(spec.cameras.items())[:cameras]
         }
         lo, hi = spec.limits("state")
         state = np.where(np.isfinite(lo) & np.isfinite(hi), (np.nan_to_num(lo) + np.nan_to_num(hi)) / 2, 0.0)
@@ -142,7 +144,10 @@ def warm_up(policy: Policy, batch_sizes: list[int]) -> None:
     dynamic) before ``/healthz`` turns OK: at each batch size, each served embodiment alone (its cameras, state
     width and chunk length) with each of ``WARM_UP_PROMPTS`` (two prompt token counts), then all embodiments and
     both prompts mixed in one batch. Dynamo specializes a graph on the first shapes it sees and recompiles once, as
-    dynamic, when a dimension changes; without this the first real request with a new prompt length would."""
+    dynamic, when a dimension changes; without this the first real request with a new prompt length would.
+    A request may leave cameras out (they are masked): one with a single image is a vision batch of 1, a size
+    Dynamo always specializes, so each multi-camera embodiment also runs once with its first camera only (a
+    recompile of seconds, which would otherwise stall every client at the first such request), at batch 1."""
     for b in sorted(set(batch_sizes)):
         for embodiment in policy.embodiments:
             for prompt in WARM_UP_PROMPTS:
@@ -151,6 +156,9 @@ def warm_up(policy: Policy, batch_sizes: list[int]) -> None:
         if b > 1:
             obs = synthetic_observations(policy, b, seed=b, prompts=WARM_UP_PROMPTS)
             policy.infer_batch(obs, seeds=list(range(b)))
+    for embodiment in policy.embodiments:  # a lone request with one camera: whatever the batch sizes
+        if len(policy.spec(embodiment).cameras) > 1:
+            policy.infer_batch(synthetic_observations(policy, 1, embodiment=embodiment, cameras=1), seeds=[0])
 
 
 def select_mode(
