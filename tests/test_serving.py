@@ -441,7 +441,9 @@ def test_sync_client_shared_by_threads_takes_turns(server: Server, policy: Polic
     reqs = [{**observation(30 + i), "seed": i} for i in range(4)]
     outs: dict[int, Any] = {}
     with WebsocketClient(server.url, api_key=API_KEY) as client:
-        threads = [threading.Thread(target=lambda i=i: outs.update({i: client.infer(reqs[i])})) for i in range(4)]
+        threads = [
+            threading.Thread(target=lambda i=i: outs.update({i: client.infer(reqs[i])})) for i in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:
