@@ -487,6 +487,29 @@ def test_start_refuses_an_embodiment_without_stats(checkpoint: Path, tmp_path: P
     assert "widowx_bridge" in err and "stats" in err
 
 
+def test_start_without_embodiment_names_the_ones_left_out_for_lack_of_stats(
+    checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bare = shutil.copytree(checkpoint, tmp_path / "bare")
+    stats = json.loads((bare / "norm_stats.json").read_text())
+    del stats["stats"]["widowx_bridge"]
+    (bare / "norm_stats.json").write_text(json.dumps(stats))
+    with caplog.at_level("WARNING"):
+        assert Policy.from_checkpoint(bare).embodiments == ["sim_panda"]
+    assert "not serving ['widowx_bridge']" in caplog.text and "stats" in caplog.text
+
+
+def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(
+    server: Server, tmp_path: Path, capsys: Any
+) -> None:
+    """The port is bound first: a missing checkpoint is not even looked at (before: a traceback and exit 3 once
+    loading and the mode trials had run, minutes on a compiled model)."""
+    port = server.url.rsplit(":", 1)[1]
+    assert main(["serve", str(tmp_path / "no-such-checkpoint"), "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen there" in err and "Traceback" not in err
+
+
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(server: Server) -> None:
     """Runs last: stops the module's server."""
     with WebsocketClient(server.url, api_key=API_KEY, retries=0) as client:

@@ -113,6 +113,12 @@ def test_json_numpy_round_trip_and_refusals() -> None:
         ({"__numpy__": "AAAA", "dtype": "|O", "shape": [3]}, "not allowed"),
         ({"__numpy__": "AAAA", "dtype": "|u1", "shape": [4]}, "needs 4 bytes, got 3"),
         ({"__numpy__": "!!", "dtype": "|u1", "shape": [1]}, "not valid base64"),
+        ({"__numpy__": "AA==", "dtype": "|u1", "shape": [True]}, "list of at most 8 ints"),  # was a 500
+        ({"__numpy__": "AA==", "dtype": "|u1", "shape": [1] * 9}, "list of at most 8 ints"),
+        (
+            {"__numpy__": "AAAAAAAAAAA=", "shape": [1]},
+            "'dtype' must be a dtype string",
+        ),  # was read as float64
     ):
         with pytest.raises(JsonNumpyError, match=message):
             decode_json_numpy(bad)
@@ -194,6 +200,16 @@ def test_bad_requests_name_the_key(msg: dict[str, Any], message: str) -> None:
           "observation/joint_position": [[0.0] * 7], "observation/gripper_position": 0.5},
          "'observation/joint_position' must be a 1-D float array"),
         ({1: 2, "other": 3, "observation/state": np.zeros(8)}, "unexpected key(s) [1, 'other']"),
+        # a float64 conversion took these as numbers: strings parsed ("1_0" = 10), bools and bytes as 0/1
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": ["0"] * 8}, "'state' must be a flat list"),
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [" 1_0 ", 0]}, "'state' must be a flat list"),
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [False] * 7 + [True]},
+         "'state' must be a flat list"),
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [True, 1.0]}, "'state' must be a flat list"),
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [b"0"] * 8}, "'state' must be a flat list"),
+        ({"observation/state": np.zeros(8)}, "a LIBERO-style request needs at least one image"),
+        ({"observation/joint_position": np.zeros(7), "observation/gripper_position": 0.5},
+         "a DROID-style request needs at least one image"),
     ],
 )  # fmt: skip
 def test_malformed_state_values_are_client_errors_naming_the_key(msg: dict[Any, Any], message: str) -> None:
@@ -213,7 +229,11 @@ def test_api_key_file_and_header_check(tmp_path: Path) -> None:
     assert key == "0123456789abcdefXYZ"
     assert authorized(f"Api-Key {key}", key) and authorized(None, None)
     assert not authorized(None, key) and not authorized(key, key) and not authorized(f"Api-Key {key}x", key)
-    assert not authorized(f"Bearer {key}", key)
+    assert not authorized(f"Bearer {key}", key) and not authorized(f"Api-Key  {key}", key)
+    assert authorized(f"api-key {key}", key) and authorized(
+        f"API-KEY {key}", key
+    )  # schemes are case-insensitive
+    assert not authorized(f"Api-Key {key.lower()}", key)  # keys are not
     f.write_text("short")
     with pytest.raises(ValueError, match=r"at least 16 characters.*secrets\.token_urlsafe"):
         load_api_key(f)

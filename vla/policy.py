@@ -366,6 +366,15 @@ def _default_embodiments(model: FlowVLA, name: str) -> list[str]:
             "stats (norm_stats.json), so no action chunk can be turned into robot units. 'vla train' and "
             "'vla finetune' save them; for 'vla model init' pass --stats-from DATASET."
         )
+    skipped = sorted(set(model.embodiment_ids) - set(out))
+    if skipped:
+        log.warning(
+            "%s: not serving %s: no normalization stats for them in the checkpoint (norm_stats.json); "
+            "serving %s",
+            name or "checkpoint",
+            skipped,
+            out,
+        )
     return out
 
 

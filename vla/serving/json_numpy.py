@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from vla.serving.protocol import _MAX_NDIM
+
 _ALLOWED_KINDS = frozenset("biuf")
 
 
@@ -34,15 +36,23 @@ def decode_json_numpy(d: dict[str, Any]) -> Any:
     """``json.loads(..., object_hook=decode_json_numpy)``: marker objects back to numpy arrays/scalars."""
     if "__numpy__" not in d:
         return d
+    if not isinstance(d.get("dtype"), str):  # np.dtype(None) would read the bytes as float64
+        raise JsonNumpyError(
+            f"numpy 'dtype' must be a dtype string such as '<f4' or '|u1', got {d.get('dtype')!r}"
+        )
     try:
-        dtype = np.dtype(d.get("dtype"))
+        dtype = np.dtype(d["dtype"])
     except (TypeError, ValueError):
         raise JsonNumpyError(f"unknown numpy dtype {d.get('dtype')!r}") from None
     if dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise JsonNumpyError(f"numpy dtype {d.get('dtype')!r} is not allowed: only bool, int, uint and float")
     shape = d.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise JsonNumpyError(f"numpy 'shape' must be a list of ints >= 0, got {shape!r}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+    ):
+        raise JsonNumpyError(f"numpy 'shape' must be a list of at most {_MAX_NDIM} ints >= 0, got {shape!r}")
     try:
         data = base64.b64decode(d["__numpy__"], validate=True)
     except (binascii.Error, TypeError, ValueError):

@@ -157,12 +157,14 @@ def _required(msg: dict[str, Any], key: str) -> Any:
 def _libero(msg: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], Any]:
     _only(keys, {*LIBERO_IMAGES, "observation/state"}, "LIBERO-style")
     images = {LIBERO_IMAGES[k]: msg[k] for k in LIBERO_IMAGES if k in msg}
+    _some_image(images, LIBERO_IMAGES, "LIBERO-style")
     return images, _required(msg, "observation/state")
 
 
 def _droid(msg: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], Any]:
     _only(keys, {*DROID_IMAGES, "observation/joint_position", "observation/gripper_position"}, "DROID-style")
     images = {DROID_IMAGES[k]: msg[k] for k in DROID_IMAGES if k in msg}
+    _some_image(images, DROID_IMAGES, "DROID-style")
     joints = _state(_required(msg, "observation/joint_position"), "observation/joint_position")
     gripper = _state(
         _required(msg, "observation/gripper_position"), "observation/gripper_position", scalar=True
@@ -174,6 +176,13 @@ def _droid(msg: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], Any]:
                 f"got shape {list(part.shape)}"
             )
     return images, np.concatenate([joints, gripper])
+
+
+def _some_image(images: dict[str, Any], layout_keys: dict[str, str], layout: str) -> None:
+    """A request without any image would run the model blind (every camera masked): refused, as the canonical
+    layout's empty ``images`` is."""
+    if not images:
+        raise RequestError(f"a {layout} request needs at least one image, under {list(layout_keys)}")
 
 
 def _images_dict(images: Any) -> dict[str, Any]:
@@ -227,12 +236,15 @@ def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarra
     """``value`` as a number array (``scalar``: a single number becomes ``[1]``); a list of non-numbers or a ragged
     list is a ``RequestError`` naming ``key`` (the shape is checked against the spec by ``Observation.validate``)."""
     if isinstance(value, list | tuple | int | float) and not isinstance(value, bool):
+        # every leaf a number: a float64 conversion would parse strings ("1_0" is 10.0) and take bools and bytes
         try:
-            value = np.asarray(value, dtype=np.float64)
-        except (ValueError, TypeError, OverflowError):  # OverflowError: an integer past float64's range
+            value = np.asarray(value) if _numbers_only(value) else None
+        except ValueError:  # ragged nesting
+            value = None
+        if value is None or value.dtype.kind not in "iuf":
             raise RequestError(
-                f"'{key}' must be a flat list of numbers (a float array [S]); got a list holding non-numbers or "
-                "nested lists of unequal lengths"
+                f"'{key}' must be a flat list of numbers (a float array [S]); got a list holding non-numbers "
+                "(strings, bools, bytes) or nested lists of unequal lengths"
             ) from None
     if isinstance(value, np.generic):
         value = np.asarray(value)
@@ -242,3 +254,12 @@ def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarra
     if scalar and value.ndim == 0:
         value = value.reshape(1)
     return value
+
+
+def _numbers_only(value: Any) -> bool:
+    """Whether every leaf of nested lists/tuples is an int or float (not a bool)."""
+    if isinstance(value, list | tuple):
+        return all(_numbers_only(v) for v in value)
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )

@@ -31,8 +31,11 @@ def load_api_key(path: str | Path) -> str:
 
 
 def authorized(header: str | None, key: str | None) -> bool:
-    """True when no key is configured, or ``header`` is exactly ``Api-Key <key>`` (constant-time comparison)."""
+    """True when no key is configured, or ``header`` is ``Api-Key <key>``: the scheme in any case (HTTP auth schemes
+    are case-insensitive, RFC 9110 §11.1), the key exact (constant-time comparison)."""
     if key is None:
         return True
-    expected = f"{SCHEME} {key}".encode()
-    return hmac.compare_digest((header or "").encode("utf-8", "replace"), expected)
+    scheme, _, given = (header or "").partition(" ")
+    scheme_ok = scheme.lower() == SCHEME.lower()
+    key_ok = hmac.compare_digest(given.encode("utf-8", "replace"), key.encode())
+    return scheme_ok and key_ok

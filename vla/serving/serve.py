@@ -152,59 +152,63 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vla.serving.protocol import PROTOCOL_VERSION
     from vla.serving.requests import Limits
     from vla.serving.security import load_api_key
-    from vla.serving.server import ServeOptions, ServingApp, run_server
+    from vla.serving.server import ServeOptions, ServingApp, bind_socket, run_server
 
     _check_flags(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = load_api_key(args.api_key_file) if args.api_key_file else None
-    # Loading, the mode trials and every batch run on one thread (vla.serving.batching: a second thread doing
-    # torch work would slow every forward pass down)
-    model_thread = ModelThread()
-    policy = model_thread.call(
-        Policy.from_checkpoint,
-        args.checkpoint,
-        embodiments=args.embodiment,
-        device=args.device,
-        num_steps=args.num_steps,
-        stats_datasets=_stats_datasets(args.stats_dataset),
-    )
-    # the bf16 probe inside candidates() is torch work too: on the model thread
-    modes = model_thread.call(candidates, args.dtype, args.compile, args.device, attention=args.attention)
-    mode, trials = model_thread.call(select_mode, policy, modes, [1, args.max_batch])
-    log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
-    options = ServeOptions(
-        host=args.host,
-        port=args.port,
-        api_key=api_key,
-        max_batch=args.max_batch,
-        batch_window_ms=args.batch_window_ms,
-        max_connections=args.max_connections,
-        limits=Limits(
-            max_frame_bytes=int(args.max_frame_mb * 2**20),
-            max_prompt_chars=args.max_prompt_chars,
-            max_image_side=args.max_image_side,
-        ),
-    )
-    serving = ServingApp(
-        policy,
-        options,
-        serving_mode={**mode.to_dict(), "trials": [t.to_dict() for t in trials]},
-        model_thread=model_thread,
-        # the kept mode's measured batch-1 pass sizes the adaptive batch window until real batches have run
-        forward_s=next((t.seconds_per_chunk.get(1) for t in trials if t.mode == mode), None)
-        or model_thread.call(time_forward, policy),
-    )
-
-    def ready(url: str) -> None:
-        http = url.replace("ws://", "http://", 1)
-        print(
-            f"vla serve: ready at {url} (REST {http}/act) | embodiments {', '.join(policy.embodiments)} | "
-            f"protocol {PROTOCOL_VERSION} | mode {mode}",
-            flush=True,
+    sock = bind_socket(args.host, args.port)  # a port in use fails now, not after loading and warm-up
+    try:
+        # Loading, the mode trials and every batch run on one thread (vla.serving.batching: a second thread doing
+        # torch work would slow every forward pass down)
+        model_thread = ModelThread()
+        policy = model_thread.call(
+            Policy.from_checkpoint,
+            args.checkpoint,
+            embodiments=args.embodiment,
+            device=args.device,
+            num_steps=args.num_steps,
+            stats_datasets=_stats_datasets(args.stats_dataset),
+        )
+        # the bf16 probe inside candidates() is torch work too: on the model thread
+        modes = model_thread.call(candidates, args.dtype, args.compile, args.device, attention=args.attention)
+        mode, trials = model_thread.call(select_mode, policy, modes, [1, args.max_batch])
+        log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
+        options = ServeOptions(
+            host=args.host,
+            port=args.port,
+            api_key=api_key,
+            max_batch=args.max_batch,
+            batch_window_ms=args.batch_window_ms,
+            max_connections=args.max_connections,
+            limits=Limits(
+                max_frame_bytes=int(args.max_frame_mb * 2**20),
+                max_prompt_chars=args.max_prompt_chars,
+                max_image_side=args.max_image_side,
+            ),
+        )
+        serving = ServingApp(
+            policy,
+            options,
+            serving_mode={**mode.to_dict(), "trials": [t.to_dict() for t in trials]},
+            model_thread=model_thread,
+            # the kept mode's measured batch-1 pass sizes the adaptive batch window until real batches have run
+            forward_s=next((t.seconds_per_chunk.get(1) for t in trials if t.mode == mode), None)
+            or model_thread.call(time_forward, policy),
         )
 
-    freeze_heap()
-    rc = run_server(serving, on_ready=ready)
+        def ready(url: str) -> None:
+            http = url.replace("ws://", "http://", 1)
+            print(
+                f"vla serve: ready at {url} (REST {http}/act) | embodiments {', '.join(policy.embodiments)} | "
+                f"protocol {PROTOCOL_VERSION} | mode {mode}",
+                flush=True,
+            )
+
+        freeze_heap()
+        rc = run_server(serving, on_ready=ready, sock=sock)
+    finally:
+        sock.close()  # uvicorn closed it already unless start-up failed
     print("vla serve: stopped", file=sys.stderr, flush=True)
     return rc
 

@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from types import FrameType
@@ -411,14 +412,34 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
 
-def run_server(serving: ServingApp, *, on_ready: Any = None) -> int:
-    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens (port 0 = any free port)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: any free one), not yet listening. ``vla serve`` binds it before
+    loading the model, so that a port in use is a one-line error at once, not a traceback after minutes of loading
+    and warm-up; until the server listens, clients are refused and retry."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(
+            e.errno,
+            f"--host {host} --port {port}: cannot listen there ({e.strerror}); another server may hold the port: "
+            "pick another --port (0 takes any free one)",
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(serving: ServingApp, *, on_ready: Any = None, sock: socket.socket | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; ``on_ready(url)`` is called once the socket listens (port 0 = any free port).
+    ``sock``: a socket from ``bind_socket`` to listen on (else uvicorn binds ``options.host``/``port`` itself)."""
     opts = serving.options
     server = _DrainingServer(server_config(serving), serving)
 
     async def main() -> None:
         server.loop = asyncio.get_running_loop()
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started and on_ready is not None:
