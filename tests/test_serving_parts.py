@@ -515,8 +515,9 @@ def test_stats_dataset_flag_serves_an_embodiment_with_several_datasets_stats(
     request.addfinalizer(gc.unfreeze)  # `vla serve` freezes the heap of this test process too
 
     def fake_run_server(
-        serving: Any, *, on_ready: Any = None
+        serving: Any, *, on_ready: Any = None, sock: Any = None
     ) -> int:  # what would be served, without serving
+        assert sock is not None and sock.getsockname()[1] > 0  # bound before loading
         served.append(serving.policy)
         frozen.append(gc.get_freeze_count())  # start-up's objects are out of the collector's scans by now
         serving.batcher.close(timeout=30)
