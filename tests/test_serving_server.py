@@ -153,6 +153,42 @@ def test_a_websocket_client_is_answered_while_a_rest_body_is_being_decoded(
     assert status == 200 and np.asarray(answer["actions"]).shape == out["actions"].shape
 
 
+def test_a_websocket_client_is_answered_while_another_ones_large_frame_is_being_decoded(
+    policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame over ``DECODE_OFF_LOOP_BYTES`` (tens of MiB of images) is decoded on a worker thread: a small
+    request on another connection is answered meanwhile (before: the event loop decoded it, and stalled everyone)."""
+    monkeypatch.setattr(server_mod, "DECODE_OFF_LOOP_BYTES", 200_000, raising=False)  # small frames: ~100 KB
+    started, release = threading.Event(), threading.Event()
+    real = server_mod.unpack
+
+    def slow(frame: bytes, **kw: Any) -> Any:
+        if len(frame) > 500_000:  # only the large frame waits
+            started.set()
+            assert release.wait(60), "never released"
+        return real(frame, **kw)
+
+    monkeypatch.setattr(server_mod, "unpack", slow)
+    big = _request(policy)
+    big["images"] = {slot: np.zeros((400, 400, 3), np.uint8) for slot in big["images"]}
+    assert len(pack(big)) > 500_000 > 200_000 > len(pack(_request(policy)))
+    try:
+        with (
+            running(policy) as run,
+            WebsocketClient(run.url, timeout=60) as slow_client,
+            WebsocketClient(run.url, timeout=10) as client,
+        ):
+            large, large_out = _in_thread(lambda: slow_client.infer(big))
+            assert started.wait(30)
+            out = client.infer(_request(policy, seed=1))  # TimeoutError when the loop is blocked
+            assert out["actions"].ndim == 2 and large.is_alive()
+            release.set()
+            large.join(60)
+            assert large_out and large_out[0]["actions"].shape == out["actions"].shape
+    finally:
+        release.set()
+
+
 def test_rest_requests_in_progress_count_against_the_connection_limit(
     policy: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

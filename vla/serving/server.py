@@ -57,6 +57,9 @@ from vla.types import Observation, ObservationError
 
 log = logging.getLogger(__name__)
 
+#: A WebSocket frame larger than this is decoded and validated on a worker thread, not on the event loop.
+DECODE_OFF_LOOP_BYTES = 4 * 2**20
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -158,6 +161,10 @@ class ServingApp:
         }
 
     # ---- one request, shared by both transports ---------------------------------------------------------------
+    def _decode(self, frame: bytes) -> tuple[Observation, int | None]:
+        """A WebSocket request frame's validated observation and seed."""
+        return self._observation(unpack(frame, max_bytes=self.options.limits.max_frame_bytes))
+
     def _observation(self, msg: Any) -> tuple[Observation, int | None]:
         """A decoded request's validated observation and seed (bad input is refused here, never inside a batch)."""
         obs, seed = to_observation(msg, self.policy.embodiments, self.options.limits, default=self.default)
@@ -243,10 +250,14 @@ class ServingApp:
                 await self._close(ws, "server is shutting down", code=1001)
                 return
             try:
-                if message.get("bytes") is None:
+                frame = message.get("bytes")
+                if frame is None:
                     raise ProtocolError("text frames are not accepted: send msgpack binary frames")
-                msg = unpack(message["bytes"], max_bytes=self.options.limits.max_frame_bytes)
-                response = await self._answer(*self._observation(msg), "websocket", received)
+                if len(frame) > DECODE_OFF_LOOP_BYTES:  # tens of ms for tens of MiB: the other clients go on
+                    obs, seed = await asyncio.to_thread(self._decode, frame)
+                else:  # a thread hop would cost more than decoding the usual frame (2 cameras: ~0.3 MiB)
+                    obs, seed = self._decode(frame)
+                response = await self._answer(obs, seed, "websocket", received)
             except Exception as e:
                 await self._fail(ws, e)
                 return
