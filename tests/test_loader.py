@@ -210,6 +210,28 @@ def test_resume_yields_exactly_the_same_batches(data_root: Path, num_workers: in
     assert [_key(x) for x in _all(b)] == [_key(x) for x in epoch1]
 
 
+def test_iterating_never_draws_from_the_global_torch_rng(data_root: Path) -> None:
+    """Each epoch's DataLoader iterator takes its workers' base seed from the loader's own generator (data seed,
+    rank, epoch), not from the global torch RNG: a resumed loader, which starts an extra iterator mid-epoch, leaves
+    the training process's RNG exactly where the original run's was, and its workers get the original's seed."""
+    cfg = _cfg([data_root / "widowx_set"])
+    a = build_loader(cfg)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    it = iter(a)
+    next(it)
+    b = build_loader(cfg)
+    b.load_state_dict(a.state_dict())
+    _all(b)
+    _all(b)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert a._generator().initial_seed() == build_loader(cfg)._generator().initial_seed()
+    b.epoch = 0
+    assert b._generator().initial_seed() == a._generator().initial_seed()
+    b.epoch = 1
+    assert b._generator().initial_seed() != a._generator().initial_seed()
+
+
 def test_resume_rejects_other_settings(data_root: Path) -> None:
     a = build_loader(_cfg([data_root / "widowx_set"]))
     state = a.state_dict()

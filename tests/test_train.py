@@ -10,9 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from train_helpers import (
+    cli_env,
     count_attention_kernels,
     events,
     kill_inside_checkpoint,
@@ -102,6 +104,27 @@ def test_config_overrides_and_errors() -> None:
         load_train_config("debug", ["data.datasets=[a]", "data.chunk_length=4"])
     with pytest.raises(ConfigError, match=r"Unknown train preset 'debg'\. Did you mean debug"):
         load_train_config("debg")
+
+
+def test_a_plain_string_for_a_list_field_is_one_element(tmp_path: Path) -> None:
+    """``--set data.datasets=PATH`` (no brackets) and ``datasets: PATH`` in YAML mean ``[PATH]`` (draccus alone
+    split the string into single characters), for every string-list field of every config."""
+    path = "/data/robots/wx"
+    cfg = load_train_config("debug", [f"data.datasets={path}", "finetune.lora.targets=q_proj"])
+    assert cfg.data.datasets == (path,) and cfg.finetune.lora.targets == ("q_proj",)
+    assert load_train_config("debug", [f"data.datasets=[{path}, b]"]).data.datasets == (path, "b")
+    preset = tmp_path / "run.yaml"
+    preset.write_text(f"model: tiny_smolvlm\ndata:\n  datasets: {path}\n  batch_size: 2\n")
+    assert load_train_config(str(preset)).data.datasets == (path,)
+    from vla.config import DataConfig, load_config
+    from vla.models.config import ModelConfig
+
+    data_yaml = tmp_path / "data.yaml"
+    data_yaml.write_text(f"datasets: {path}\n")
+    assert load_config(DataConfig, data_yaml).datasets == (path,)
+    assert load_config(ModelConfig, None, ["embodiments=widowx_bridge"], kind="model").embodiments == (
+        "widowx_bridge",
+    )
 
 
 def test_diff_configs_splits_compatible_from_incompatible() -> None:
@@ -310,6 +333,17 @@ def test_kill_inside_checkpoint_write_then_resume_is_bitwise_exact(
     sa = json.loads((straight.last_checkpoint / "train_state" / "rank0.json").read_text())
     sb = json.loads((resumed.last_checkpoint / "train_state" / "rank0.json").read_text())
     assert sa == sb  # loader position (and mixture stream) identical
+    ra, rb = (
+        torch.load(r.last_checkpoint / "train_state" / "rng0.pt", weights_only=False)
+        for r in (straight, resumed)
+    )
+    # the global torch RNG too (what a LoRA dropout draws from): the resumed loader's DataLoader draws nothing from it
+    assert torch.equal(ra["torch"], rb["torch"])
+    # python's and numpy's: seeded by train.seed at a fresh start, restored on resume
+    assert ra["python"] == rb["python"] and all(
+        np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+        for x, y in zip(ra["numpy"], rb["numpy"])
+    )
     assert _optim_state(straight.last_checkpoint).keys() == _optim_state(resumed.last_checkpoint).keys()
     oa, ob = _optim_state(straight.last_checkpoint), _optim_state(resumed.last_checkpoint)
     assert all(torch.equal(oa[k], ob[k]) for k in oa)
@@ -354,6 +388,34 @@ def test_resume_refuses_incompatible_and_warns_on_compatible(
         result = train(load_train_config("debug", _args(wx, "logging.every=2", steps=3)), run)
     assert result.step == 3
     assert "train.steps: 2 -> 3" in caplog.text and "resumed from" in caplog.text
+
+
+def test_resume_keeps_the_runs_norm_stats_when_the_datas_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The dataset's stats file is rewritten between launches (``vla data stats`` re-run): the resumed run keeps
+    normalizing with its checkpoint's stats (its steps are bitwise those of a straight run on the old stats, its
+    checkpoints carry the old stats) and warns naming what changed; fine-tuning from it takes the new stats."""
+    ds = tiny_dataset(tmp_path / "data")
+    straight = train(load_train_config("debug", _args(ds, steps=3)), tmp_path / "straight")
+    run = tmp_path / "run"
+    train(load_train_config("debug", _args(ds, steps=2)), run)
+    stats_file = ds / "meta" / "vla_stats.json"
+    drifted = json.loads(stats_file.read_text())
+    action = drifted["stats"]["widowx_bridge"]["action"]
+    for name in ("mean", "q01", "q99", "min", "max"):  # widowx actions are quantile-normalized
+        action[name] = [v + 1.0 for v in action[name]]
+    stats_file.write_text(json.dumps(drifted))
+    with caplog.at_level(logging.WARNING):
+        resumed = train(load_train_config("debug", _args(ds, steps=3)), run)
+    assert "the data's norm stats differ from the run's for widowx_bridge/action;" in caplog.text
+    a, b = weights(straight.last_checkpoint), weights(resumed.last_checkpoint)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    kept = json.loads((resumed.last_checkpoint / "norm_stats.json").read_text())["stats"]
+    assert kept == json.loads((straight.last_checkpoint / "norm_stats.json").read_text())["stats"]
+    tuned = train(load_train_config("debug", _args(ds, steps=1)), tmp_path / "tuned", init_from=run)
+    new = json.loads((tuned.last_checkpoint / "norm_stats.json").read_text())["stats"]
+    assert new["widowx_bridge"]["action"]["q01"] == action["q01"]
 
 
 def test_image_size_mismatch_is_an_error(wx: Path, tmp_path: Path) -> None:
@@ -455,14 +517,51 @@ def test_prune_keeps_the_newest_and_milestones_and_clean_removes_partials(tmp_pa
         (root / f"step-{step:07d}").mkdir(parents=True)
         (root / f"step-{step:07d}" / "COMPLETE").write_text("{}")
     (root / "step-0000012").mkdir()  # no marker: an interrupted write, never counted nor pruned
-    (root / ".step-0000014.partial").mkdir()
+    leftovers = [
+        ".step-0000014.partial",
+        ".step-0000016.deleting",
+        # save_pretrained's staging copies of the model written into a partial step (killed inside the write)
+        "..step-0000014.partial.tmp-k2_x9abc",
+        "..step-0000014.partial.old-0q1w2e3r",
+    ]
+    for name in leftovers:
+        (root / name).mkdir()
+    # not ours: kept
+    (root / ".notes").mkdir()
+    (root / "..step-0000014.partial.tmp-nope").mkdir()
     removed = prune(tmp_path, keep_last=2, keep_every=4)
     assert sorted(p.name for p in removed) == ["step-0000002", "step-0000006"]
     assert [p.name for p in complete_steps(tmp_path)] == ["step-0000004", "step-0000008", "step-0000010"]
-    assert [p.name for p in clean_partials(tmp_path)] == [".step-0000014.partial"]
-    assert not any(p.name.startswith(".") for p in root.iterdir())
+    assert [p.name for p in clean_partials(tmp_path)] == sorted(leftovers)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "..step-0000014.partial.tmp-nope",
+        ".notes",
+        "step-0000004",
+        "step-0000008",
+        "step-0000010",
+        "step-0000012",
+    ]
     with pytest.raises(FileNotFoundError, match="no COMPLETE marker"):
         resolve_checkpoint(root / "step-0000012")
+
+
+def test_a_kill_while_the_model_is_staged_leaves_nothing_after_the_next_start(
+    wx: Path, tmp_path: Path
+) -> None:
+    """SIGKILL inside ``save_pretrained`` (the model staged under its hidden ``..step-X.partial.tmp-*`` name next to
+    the partial step): the next start removes the staging copy as well as the partial step."""
+    run = tmp_path / "run"
+    over = _args(wx, steps=1, save_every=1)
+    env = cli_env()
+    env["VLA_TEST_KILL_AT"] = "hub.staged:1"
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(over)], env=env)
+    assert r.returncode == -9, r.stderr[-3000:]
+    root = run / CHECKPOINTS
+    assert any(p.name.startswith("..step-0000001.partial.tmp-") for p in root.iterdir()), list(root.iterdir())
+    # a run that never writes step 1 again (save_pretrained itself only clears leftovers of the folder it writes)
+    result = train(load_train_config("debug", _args(wx, steps=2, save_every=2)), run)
+    assert result.step == 2
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
 
 
 def test_gradient_accumulation_equals_the_larger_batch(wx: Path, tmp_path: Path) -> None:

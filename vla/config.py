@@ -246,6 +246,35 @@ def _check_keys(cls: type, data: dict[str, Any], prefix: str = "") -> None:
             _check_keys(sub, v, prefix=f"{prefix}{k}.")
 
 
+def _string_sequence(tp: Any) -> bool:
+    """Whether the type hint ``tp`` is a sequence of strings of any length (``tuple[str, ...]``, ``list[str]``,
+    optionally ``| None``)."""
+    args = typing.get_args(tp)
+    if type(None) in args:  # X | None
+        return any(_string_sequence(a) for a in args if a is not type(None))
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return args == (str, Ellipsis)
+    return origin is list and args == (str,)
+
+
+def _one_string_as_sequence(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with a plain string given for a string-sequence field (recursively into nested dataclasses) turned
+    into a one-element list: ``--set data.datasets=PATH`` or ``datasets: PATH`` in YAML means ``[PATH]``, where
+    draccus would split it into single characters. An empty string stays an empty sequence."""
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for k, v in data.items():
+        sub = hints.get(k)
+        if isinstance(v, str) and _string_sequence(sub):
+            out[k] = [v] if v else []
+        elif isinstance(v, dict):
+            sub = next((a for a in (sub, *typing.get_args(sub)) if dataclasses.is_dataclass(a)), None)
+            if sub is not None:
+                out[k] = _one_string_as_sequence(sub, v)
+    return out
+
+
 def load_config(
     cls: type[C],
     preset: str | Path | dict[str, Any] | None = None,
@@ -264,6 +293,7 @@ def load_config(
         data = read_preset(kind, preset)
     data = _merge(data, parse_overrides(overrides or []))
     _check_keys(cls, data)
+    data = _one_string_as_sequence(cls, data)
     try:
         return draccus.decode(cls, data)
     except ConfigError:

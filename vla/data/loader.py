@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from vla.config import DataConfig
@@ -179,6 +180,54 @@ class VLALoader:
     def __len__(self) -> int:
         return len(self.order)
 
+    def use_stats(self, stats: StatsFile, stats_keys: dict[str, dict[str, str]]) -> list[str]:
+        """Normalize with ``stats`` instead of the stats the loader was built with, each dataset under the keys
+        ``stats_keys`` names for it (``{dataset: {"state": key, "action": key}}``; a dataset it does not name
+        keeps the key it was built with). For a resumed run: its checkpoint's stats and keys, so it goes on with the
+        normalization it started with even if the datasets' stats files changed since. Returns the ``key/field``
+        entries whose stats in the data now differ from those (empty when they agree or ``data.normalize`` is
+        off, which leaves the loader as it is)."""
+        from vla.data.normalize import FIELDS, StatsFile, make_normalize_fn
+        from vla.embodiments import get_embodiment
+
+        if self.dataset.normalize is None or self.stats is None:
+            return []
+        sources = self.dataset.sources
+        keys = {
+            s.name: {f: (stats_keys.get(s.name) or {}).get(f) or self.stats_keys[s.name][f] for f in FIELDS}
+            for s in sources
+        }
+        own = {s.name for s in sources if StatsFile.key(s.keymap.embodiment, s.name) in keys[s.name].values()}
+        changed = []
+        for src in sources:
+            emb = src.keymap.embodiment
+            for f, key in keys[src.name].items():
+                # the key make_normalize_fn will read must be the one named
+                read = stats.resolve_key(emb, f, src.name if src.name in own else None)
+                if read != key or f not in stats.stats.get(key, {}):
+                    raise ValueError(
+                        f"dataset {src.name!r} ({emb}) is to be normalized with '{key}/{f}', which the given stats "
+                        f"do not hold as such (they have {sorted(stats.stats)})"
+                    )
+                now = self.stats_keys[src.name][f]
+                if now != key or not _same_stats({f: self.stats.stats[now][f]}, {f: stats.stats[key][f]}):
+                    changed.append(f"{key}/{f}")
+        specs = {e: get_embodiment(e) for e in {s.keymap.embodiment for s in sources}}
+        self.dataset.normalize = make_normalize_fn(stats, specs, per_dataset=own)
+        # episodes cached so far were normalized with the stats replaced
+        self.dataset._cache.clear()
+        self.stats, self.stats_keys = stats, keys
+        return sorted(set(changed))
+
+    def _generator(self) -> torch.Generator:
+        """The DataLoader's own RNG, seeded by (data seed, rank, epoch): each iterator draws its workers' base seed
+        from it, not from the global torch RNG, so iterating never moves the training process's RNG (a resumed
+        run, which starts an extra iterator mid-epoch, keeps the exact RNG stream of the run it continues) and a
+        resumed epoch's workers get the same base seed as the original's."""
+        entropy = [self.cfg.seed, self.order.rank, self.epoch]
+        seed = np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]
+        return torch.Generator().manual_seed(int(seed))
+
     def _loader(self) -> DataLoader:
         self.dataset.epoch = self.epoch
         self.order.epoch, self.order.start_batch = self.epoch, self.batches_done
@@ -189,6 +238,7 @@ class VLALoader:
             collate_fn=_Collate(self.embodiment_ids),
             persistent_workers=False,
             prefetch_factor=4 if self.cfg.num_workers else None,
+            generator=self._generator(),
         )
 
     def __iter__(self) -> Iterator[Batch]:

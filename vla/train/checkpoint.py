@@ -14,7 +14,8 @@ EMA is on —, backbone/, embodiments/, norm_stats.json, preprocessing.json, REA
 Write protocol: everything goes into a hidden ``.step-XXXXXXX.partial`` folder; the COMPLETE marker is written and
 fsync'ed last, then one ``rename`` publishes the folder (one atomic exchange when the step exists already, e.g. a
 resumed run that re-reaches it). A SIGKILL at any moment therefore leaves either the previous checkpoints untouched
-or a hidden partial folder, which the next save or start-up removes.
+or a hidden partial folder (and, killed while the model was staged, ``save_pretrained``'s hidden staging copy
+next to it), which the next save or start-up removes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -52,9 +54,18 @@ def partial_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f".{step_dir_name(step)}.partial"
 
 
+#: hidden folders a killed checkpoint write or deletion leaves: the step being written (``.step-X.partial``) or
+#: deleted (``.step-X.deleting``), and ``save_pretrained``'s staging copies of the model written into the partial
+#: folder (``..step-X.partial.tmp-*`` / ``.old-*``: ``tempfile.mkdtemp`` names next to it, see ``vla.models.hub``)
+_LEFTOVER = re.compile(
+    r"\.step-\d{7}\.(?:partial|deleting)|\.\.step-\d{7}\.partial\.(?:tmp|old)-[a-z0-9_]{8}"
+)
+
+
 def clean_partials(run_dir: Path) -> list[Path]:
-    """Remove hidden folders left by interrupted writes or deletions (``.step-*.partial``, ``.step-*.deleting``),
-    after renaming back a complete step that a kill left aside while it was being replaced (``.step-*.replaced``)."""
+    """Remove hidden folders left by interrupted writes or deletions (``_LEFTOVER``), after renaming back a
+    complete step that a kill left aside while it was being replaced (``.step-*.replaced``). Complete steps and
+    names of any other pattern are never touched."""
     root = run_dir / CHECKPOINTS
     removed = []
     if root.is_dir():
@@ -64,8 +75,8 @@ def clean_partials(run_dir: Path) -> list[Path]:
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 os.replace(p, final)
-        for p in root.iterdir():
-            if p.name.startswith(".step-") and (p.name.endswith(".partial") or p.name.endswith(".deleting")):
+        for p in sorted(root.iterdir()):
+            if p.is_dir() and _LEFTOVER.fullmatch(p.name):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     if removed:

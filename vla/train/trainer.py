@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import random
 import resource
 import time
 import zlib
@@ -92,9 +93,15 @@ class Trainer:
         self.rt = Runtime.start(cfg.distributed)
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
+        if self.resume_from is None:
+            # Python's and numpy's global RNGs seeded too (torch's is by the model's init): what user code draws
+            # from them (a custom transform) repeats with train.seed; a resumed run restores them from its checkpoint
+            random.seed(cfg.train.seed)
+            np.random.seed(cfg.train.seed % 2**32)
         self.loader = build_loader(
             cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True, **self._rehearsal()
         )
+        self._keep_run_stats(self.loader)
         if require_embodiment is not None and require_embodiment not in self.loader.embodiment_ids:
             raise ValueError(
                 f"--embodiment {require_embodiment!r}: the data ({', '.join(str(d) for d in cfg.data.datasets)}) "
@@ -188,6 +195,31 @@ class Trainer:
         }
 
     # ---- run folder and resume ---------------------------------------------------------------------------
+    def _keep_run_stats(self, loader: VLALoader, *, warn: bool = True) -> None:
+        """A resumed run normalizes with the stats it started with (its checkpoint's norm_stats.json, under the
+        keys its preprocessing.json names), as openpi's does, not with what the datasets' stats files hold now: its
+        weights were trained on them and its checkpoints hand them to serving. The model takes them from the loader
+        (``build_model``); fine-tuning from a checkpoint (not a resume) keeps taking the data's. Entries whose
+        stats differ in the data now are named in a warning (``warn``)."""
+        if self.resume_from is None:
+            return
+        from vla.models.hub import PREPROCESSING, load_norm_stats
+
+        stats = load_norm_stats(self.resume_from)
+        if stats is None:  # a run without normalization
+            return
+        pre_file = self.resume_from / PREPROCESSING
+        pre = json.loads(pre_file.read_text()) if pre_file.is_file() else {}
+        changed = loader.use_stats(stats, pre.get("stats_keys") or {})
+        if changed and warn and self.rt.is_main:
+            log.warning(
+                "resuming %s: the data's norm stats differ from the run's for %s; the run keeps normalizing with "
+                "its own (its checkpoint's). To train with the new stats, start a new run (or fine-tune from this "
+                "one)",
+                self.resume_from,
+                ", ".join(changed),
+            )
+
     def _check_run_dir(self) -> Path | None:
         """Create the run folder, or validate the config against the run it holds. Returns the checkpoint to
         resume from (its newest complete step) or None."""
@@ -360,7 +392,7 @@ class Trainer:
             augment=AugmentConfig(enabled=False),
         )
         try:
-            return build_loader(
+            val = build_loader(
                 data,
                 rank=self.rt.rank,
                 world_size=self.rt.world_size,
@@ -379,6 +411,8 @@ class Trainer:
                     e,
                 )
             return None
+        self._keep_run_stats(val, warn=False)  # the training loader's warning named the changes
+        return val
 
     def _batches(self):
         """Batches forever: the loader's epochs one after another (the loader tracks epoch and position)."""
