@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,28 @@ def test_config_overrides_and_errors() -> None:
         load_train_config("debug", ["data.datasets=[a]", "data.chunk_length=4"])
     with pytest.raises(ConfigError, match=r"Unknown train preset 'debg'\. Did you mean debug"):
         load_train_config("debg")
+
+
+def test_an_unknown_key_in_a_preset_file_names_the_file_and_steps_fit_checkpoint_names(
+    tmp_path: Path,
+) -> None:
+    preset = tmp_path / "bad_preset.yaml"
+    preset.write_text("model: tiny_smolvlm\ndata:\n  batch_size: 4\ntrain:\n  stepz: 3\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{preset}: Unknown config key 'train.stepz'")):
+        load_train_config(str(preset))
+    data = tmp_path / "data.yaml"
+    data.write_text("batch_sise: 4\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{data}: Unknown config key 'batch_sise'")):
+        load_train_config("debug", [f"data={data}"])
+    from vla.config import DataConfig, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(f"{data}: Unknown config key 'batch_sise'")):
+        load_config(DataConfig, data)
+    nested = tmp_path / "nested.yaml"  # a section naming its own preset is not an unknown key
+    nested.write_text("data:\n  preset: bridge\n  batch_size: 4\n  chunk_length: 0\n")
+    assert load_train_config(str(nested)).data.batch_size == 4
+    with pytest.raises(ConfigError, match=r"train.steps must be < 10000000"):
+        load_train_config("debug", ["train.steps=10000000", "data.datasets=[d]"])
 
 
 def test_a_plain_string_for_a_list_field_is_one_element(tmp_path: Path) -> None:

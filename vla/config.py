@@ -185,8 +185,10 @@ def resolve_preset(kind: str, name_or_path: str | Path) -> Path:
     raise ConfigError(f"Unknown {kind} preset {name_or_path!r}.{hint} {listed} (in {folder}).")
 
 
-def read_preset(kind: str, name_or_path: str | Path) -> dict[str, Any]:
-    """The mapping a preset YAML holds (``resolve_preset``), with errors naming the file."""
+def read_preset(kind: str, name_or_path: str | Path, cls: type | None = None) -> dict[str, Any]:
+    """The mapping a preset YAML holds (``resolve_preset``), with errors naming the file; with ``cls``, its keys are
+    checked against that config class here, so an unknown key's error names the file it is in (a nested
+    ``preset:`` key, which names a section's own preset, is left to the caller)."""
     path = resolve_preset(kind, name_or_path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -194,6 +196,14 @@ def read_preset(kind: str, name_or_path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    if cls is not None:
+        sections = {k: {**v} for k, v in data.items() if isinstance(v, dict)}
+        for v in sections.values():
+            v.pop("preset", None)
+        try:
+            _check_keys(cls, {**data, **sections})
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
     return data
 
 
@@ -290,7 +300,7 @@ def load_config(
         # nested config objects given in a dict preset are turned back into plain dicts for decoding
         data = {k: draccus.encode(v) if dataclasses.is_dataclass(v) else v for k, v in preset.items()}
     elif preset is not None:
-        data = read_preset(kind, preset)
+        data = read_preset(kind, preset, cls)
     data = _merge(data, parse_overrides(overrides or []))
     _check_keys(cls, data)
     data = _one_string_as_sequence(cls, data)

@@ -79,6 +79,11 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")
+        # refused now, not at the first checkpoint past it
+        _require(
+            self.steps < 10**7,
+            f"train.steps must be < 10000000 (checkpoints are step-XXXXXXX), got {self.steps}",
+        )
         _require(self.save_every >= 1, f"train.save_every must be >= 1, got {self.save_every}")
         _require(self.keep_last >= 1, f"train.keep_last must be >= 1, got {self.keep_last}")
         _require(self.grad_accum >= 1, f"train.grad_accum must be >= 1, got {self.grad_accum}")
@@ -289,7 +294,7 @@ def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
     preset = value.pop("preset", None)
     if preset is None:
         return value
-    loaded = read_preset(kind, preset)
+    loaded = read_preset(kind, preset, ModelConfig if kind == "model" else DataConfig)
     if kind == "data":  # the model decides the image size; only an explicit data.image_size competes with it
         loaded.pop("image_size", None)
     return _merge(loaded, value)
@@ -298,7 +303,7 @@ def _section(name: str, value: Any, kind: str) -> dict[str, Any]:
 def _read_preset(preset: str | Path | dict[str, Any] | None) -> dict[str, Any]:
     if isinstance(preset, dict):
         return dict(preset)
-    return {} if preset is None else read_preset("train", preset)
+    return {} if preset is None else read_preset("train", preset, TrainConfig)
 
 
 def load_finetune_config(
