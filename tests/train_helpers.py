@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import load_file
 
@@ -68,8 +69,11 @@ def run_cli(
     )
 
 
-def kill_inside_checkpoint(args: list[str], run_dir: Path, step: int, *, timeout: float = 240) -> None:
-    """Start ``vla train``, let it stall while publishing ``step``'s checkpoint (test hook), SIGKILL it there."""
+def kill_inside_checkpoint(
+    args: list[str], run_dir: Path, step: int, *, timeout: float = 240, while_stalled: Any = None
+) -> None:
+    """Start ``vla train``, let it stall while publishing ``step``'s checkpoint (test hook), call ``while_stalled()``
+    (if given) and SIGKILL it there."""
     env = cli_env()
     env.update(VLA_TEST_CHECKPOINT_STALL="120", VLA_TEST_CHECKPOINT_STALL_STEP=str(step))
     log = run_dir.parent / f"{run_dir.name}.log"
@@ -87,6 +91,8 @@ def kill_inside_checkpoint(args: list[str], run_dir: Path, step: int, *, timeout
                 if time.monotonic() > deadline:
                     raise AssertionError(f"no checkpoint stall within {timeout} s:\n{log.read_text()}")
                 time.sleep(0.2)
+            if while_stalled is not None:
+                while_stalled()
         finally:
             proc.kill()
             proc.wait()

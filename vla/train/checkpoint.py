@@ -21,6 +21,7 @@ next to it), which the next save or start-up removes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -60,6 +61,96 @@ def partial_dir(run_dir: Path, step: int) -> Path:
 _LEFTOVER = re.compile(
     r"\.step-\d{7}\.(?:partial|deleting)|\.\.step-\d{7}\.partial\.(?:tmp|old)-[a-z0-9_]{8}"
 )
+
+
+#: the file ``run_dir_lock`` holds an exclusive lock on (and writes its pid into) while a run trains in the folder
+RUN_LOCK = ".vla-train.lock"
+
+
+class RunDirBusy(RuntimeError):
+    """Another training process holds the run folder."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for one training process (rank 0 of a distributed run; other ranks pass through): a second
+    launch on the same folder (a double submit, a requeue while the first job still runs) would delete the first's
+    checkpoint in progress as a leftover and write over its steps. The lock is a POSIX record lock (``lockf``): the
+    kernel releases it when the process dies, so a stale lock file never blocks a resume, and forked children (the
+    loader's workers, which outlive a SIGKILLed trainer by seconds) do not inherit it, as they would a ``flock``."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / RUN_LOCK
+    with open(path, "a+") as f:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise RunDirBusy(
+                f"{run_dir} is in use by another training process (pid {holder}): two runs in one folder would "
+                "delete each other's checkpoints. Wait for it to end (or stop it), or pass another --run-dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+#: below this much free space, a failed checkpoint write is reported as a full disk whatever the error says
+#: (torch.save's is "unexpected pos N vs M", safetensors' and DCP's wrap the OSError)
+_FULL_DISK_BYTES = 256 * 2**20
+
+
+@contextlib.contextmanager
+def explained_write_errors(run_dir: Path, step: int) -> Iterator[None]:
+    """Turn any failure while writing step ``step``'s checkpoint into one error naming the step and the folder, and
+    saying that the disk is full when it is: DCP raises a ``BaseException`` subclass and safetensors its own error
+    type, which surfaced as tracebacks with messages such as "unexpected pos 704 vs 598". The previous checkpoints
+    are untouched by a failed write (it goes to a hidden folder, published by one rename)."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:
+        where = run_dir / CHECKPOINTS
+        try:
+            free: int | None = shutil.disk_usage(where).free
+        except OSError:
+            free = None
+        # DCP's CheckpointException holds each rank's error with its traceback (str() prints them all)
+        failures = getattr(e, "failures", None)
+        inner = [x for x, _ in failures.values()] if isinstance(failures, dict) else [e]
+        detail = "; ".join(f"{type(x).__name__}: {str(x)[:300]}" for x in inner)
+        chain = []
+        for cause in inner:
+            while cause is not None and len(chain) < 16:
+                chain.append(cause)
+                cause = cause.__cause__ or cause.__context__
+        full = any(getattr(c, "errno", None) == errno.ENOSPC or "No space left" in str(c) for c in chain)
+        full = full or (free is not None and free < _FULL_DISK_BYTES)
+        what = f"writing the checkpoint of step {step} under {where} failed"
+        after = "the previous checkpoints are intact; re-run the same command to resume from the newest"
+        if full:
+            left = f"{free / 2**20:.0f} MiB free" if free is not None else "no space left"
+            raise OSError(
+                errno.ENOSPC,
+                f"{what}: the disk is full ({left}). Free space (or lower train.keep_last), then {after}",
+            ) from e
+        raise RuntimeError(f"{what} ({type(e).__name__}: {detail}); {after}") from e
 
 
 def clean_partials(run_dir: Path) -> list[Path]:

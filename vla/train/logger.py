@@ -20,6 +20,32 @@ from vla.train.config import LoggingConfig
 log = logging.getLogger(__name__)
 
 
+def _set_aside_rolled_back(run_dir: Path, step: int) -> None:
+    """A resumed run goes on from its checkpoint at ``step``: rows of ``metrics.jsonl`` logged after it (by the
+    launch that was killed before its next checkpoint) describe steps that are trained again, and would appear twice
+    in a plot. They move to ``metrics.rolled_back.jsonl`` (appended, nothing is lost); the rest is rewritten
+    atomically."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):  # a line torn by the kill: set aside with the rest
+            row_step = step + 1
+        (moved if not isinstance(row_step, int) or row_step > step else keep).append(line + "\n")
+    if not moved:
+        return
+    with (run_dir / "metrics.rolled_back.jsonl").open("a") as f:
+        f.writelines(moved)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+    log.info("metrics.jsonl: %d row(s) after step %d (rolled back by the resume) moved to %s", len(moved), step,
+             "metrics.rolled_back.jsonl")  # fmt: skip
+
+
 def _fmt_eta(seconds: float) -> str:
     seconds = int(max(0, seconds))
     h, rem = divmod(seconds, 3600)
@@ -47,6 +73,8 @@ class MetricsLogger:
         self._wandb = None
         if not enabled:
             return
+        if start_step > 0:
+            _set_aside_rolled_back(run_dir, start_step)
         self._file = (run_dir / "metrics.jsonl").open("a", buffering=1)
         if cfg.progress and sys.stderr.isatty():
             self._bar = tqdm(

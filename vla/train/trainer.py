@@ -680,16 +680,17 @@ class Trainer:
             (self.run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
             ckpt.clean_partials(self.run_dir)
         rt.barrier()
-        with self._ema_weights(), held_in_float32(self.held_bf16):
-            rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
-        rt.barrier()
-        ckpt.save_train_state(
-            tmp,
-            rank=rt.rank,
-            app_state=self._app_state(),
-            loader_state=self.loader.state_dict(),
-            attention=cpu_bf16_kernel_choices(),
-        )
+        with ckpt.explained_write_errors(self.run_dir, step):
+            with self._ema_weights(), held_in_float32(self.held_bf16):
+                rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
+            rt.barrier()
+            ckpt.save_train_state(
+                tmp,
+                rank=rt.rank,
+                app_state=self._app_state(),
+                loader_state=self.loader.state_dict(),
+                attention=cpu_bf16_kernel_choices(),
+            )
         rt.barrier()
         final = None
         if rt.is_main:
@@ -706,8 +707,9 @@ class Trainer:
                 "compile_frozen": self.compile_decision,
                 "mixture": self._mixture_probs(),
             }
-            ckpt.write_trainer_meta(tmp, meta, self.config)
-            final = ckpt.publish(self.run_dir, step)
+            with ckpt.explained_write_errors(self.run_dir, step):
+                ckpt.write_trainer_meta(tmp, meta, self.config)
+                final = ckpt.publish(self.run_dir, step)
             ckpt.prune(self.run_dir, self.cfg.train.keep_last, self.cfg.checkpoint.keep_every)
         rt.barrier()
         return final or self.run_dir / CHECKPOINTS / ckpt.step_dir_name(step)
@@ -720,12 +722,14 @@ def train(
     init_from: str | Path | None = None,
     require_embodiment: str | None = None,
 ) -> TrainResult:
-    """Run (or resume) a training run in ``run_dir``; returns where it ended."""
-    trainer = Trainer(cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment)
-    try:
-        return trainer.run()
-    finally:
-        trainer.rt.close()
+    """Run (or resume) a training run in ``run_dir``; returns where it ended. One run trains in a folder at a time
+    (``checkpoint.run_dir_lock``)."""
+    with ckpt.run_dir_lock(Path(run_dir)):
+        trainer = Trainer(cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment)
+        try:
+            return trainer.run()
+        finally:
+            trainer.rt.close()
 
 
 def is_distributed() -> bool:
