@@ -130,6 +130,15 @@ def _images(n: int = 2) -> list[np.ndarray]:
     return [rng.integers(0, 256, (6, 8, 3), dtype=np.uint8) for _ in range(n)]
 
 
+def test_a_state_list_may_hold_numpy_numbers() -> None:
+    """Joints as floats next to a 0-d numpy gripper value (as a robot loop builds it) is a number list."""
+    obs, _ = to_observation(
+        {"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": [0.5] * 7 + [np.array(1.0)],
+         "prompt": "x"}, SERVED, Limits(), default="sim_panda",
+    )  # fmt: skip
+    np.testing.assert_allclose(obs.state, [0.5] * 7 + [1.0])
+
+
 def test_request_layouts_map_to_the_same_observation() -> None:
     (a, b), state = _images(), np.linspace(-1, 1, 8).astype(np.float32)
     limits = Limits()

@@ -180,6 +180,7 @@ def test_a_websocket_client_is_answered_while_another_ones_large_frame_is_being_
         ):
             large, large_out = _in_thread(lambda: slow_client.infer(big))
             assert started.wait(30)
+            assert run.serving.busy  # a drain now would wait for the request being decoded
             out = client.infer(_request(policy, seed=1))  # TimeoutError when the loop is blocked
             assert out["actions"].ndim == 2 and large.is_alive()
             release.set()
@@ -313,6 +314,21 @@ def test_a_frame_over_twice_the_limit_is_closed_1009_naming_the_limit(policy: An
 
 
 # ---- the ready line ----------------------------------------------------------------------------------------------
+def test_a_port_another_server_opened_is_refused_while_that_one_still_loads() -> None:
+    """``vla serve`` opens its socket before loading; two only-bound sockets with SO_REUSEADDR can share a port, so
+    the socket listens at once: a second server on the port fails at its start, not after its own loading."""
+    from vla.serving.server import bind_socket
+
+    first = bind_socket("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=f"--port {port}: cannot listen there"):
+            bind_socket("127.0.0.1", port)
+    finally:
+        first.close()
+    bind_socket("127.0.0.1", port).close()  # free again once the first is closed
+
+
 def test_ready_url_brackets_ipv6_hosts() -> None:
     assert ws_url("127.0.0.1", 8000) == "ws://127.0.0.1:8000"
     assert ws_url("::", 8000) == "ws://[::]:8000" and ws_url("::1", 9) == "ws://[::1]:9"

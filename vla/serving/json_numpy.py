@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vla.serving.protocol import _MAX_NDIM
-
+_MAX_NDIM = 8  # as vla.serving.protocol's msgpack decoding allows
 _ALLOWED_KINDS = frozenset("biuf")
 
 

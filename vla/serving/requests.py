@@ -257,9 +257,12 @@ def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarra
 
 
 def _numbers_only(value: Any) -> bool:
-    """Whether every leaf of nested lists/tuples is an int or float (not a bool)."""
+    """Whether every leaf of nested lists/tuples is an int or float (not a bool), or a numpy array of ints or
+    floats (e.g. a 0-d gripper value next to the joints)."""
     if isinstance(value, list | tuple):
         return all(_numbers_only(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "iuf"
     return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
         value, bool | np.bool_
     )

@@ -134,6 +134,7 @@ class ServingApp:
         self.connections = 0
         self.in_flight = 0
         self.rest_active = 0
+        self.decoding = 0  # WebSocket frames being decoded on a worker thread (DECODE_OFF_LOOP_BYTES)
         self.draining = False
         self.app = Starlette(
             routes=[
@@ -224,8 +225,9 @@ class ServingApp:
 
     @property
     def busy(self) -> bool:
-        """Whether a request is being decoded (REST), queued or run: what a drain waits for."""
-        return bool(self.in_flight or self.batcher.pending or self.rest_active)
+        """Whether a request is being decoded (REST, or a large WebSocket frame), queued or run: what a drain waits
+        for."""
+        return bool(self.in_flight or self.batcher.pending or self.rest_active or self.decoding)
 
     def _full(self) -> bool:
         """Whether the connection limit is reached: WebSocket connections plus REST requests in progress."""
@@ -254,7 +256,11 @@ class ServingApp:
                 if frame is None:
                     raise ProtocolError("text frames are not accepted: send msgpack binary frames")
                 if len(frame) > DECODE_OFF_LOOP_BYTES:  # tens of ms for tens of MiB: the other clients go on
-                    obs, seed = await asyncio.to_thread(self._decode, frame)
+                    self.decoding += 1  # counted, so a drain meanwhile waits for this request too
+                    try:
+                        obs, seed = await asyncio.to_thread(self._decode, frame)
+                    finally:
+                        self.decoding -= 1
                 else:  # a thread hop would cost more than decoding the usual frame (2 cameras: ~0.3 MiB)
                     obs, seed = self._decode(frame)
                 response = await self._answer(obs, seed, "websocket", received)
@@ -424,13 +430,16 @@ def ws_url(host: str, port: int) -> str:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: any free one), not yet listening. ``vla serve`` binds it before
-    loading the model, so that a port in use is a one-line error at once, not a traceback after minutes of loading
-    and warm-up; until the server listens, clients are refused and retry."""
+    """A TCP socket listening on ``host:port`` (port 0: any free one). ``vla serve`` opens it before loading the
+    model, so that a port in use is a one-line error at once, not a traceback after minutes of loading and warm-up.
+    Connections made meanwhile wait in the backlog and are served once the server is up (``/healthz`` says when)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # listening at once: with SO_REUSEADDR two sockets that are only bound can share a port, so a second
+        # server started meanwhile would pass bind() and fail only after its own loading
+        sock.listen(2048)
     except OSError as e:
         sock.close()
         raise OSError(
