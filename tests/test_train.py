@@ -346,7 +346,7 @@ def test_a_failed_checkpoint_write_is_one_error_naming_the_step_and_a_full_disk(
         (CheckpointException("save", {0: (RuntimeError("boom"), traceback.extract_stack())}), None,
          "(CheckpointException: RuntimeError: boom)"),
         (RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598"), 5 * 2**20,
-         "the disk is full (5 MiB free)"),
+         "the disk has only 5 MiB free, likely full"),
         (OSError(28, "No space left on device"), None, "the disk is full"),
     ]  # fmt: skip
     run = tmp_path / "run"
@@ -388,6 +388,38 @@ def test_a_second_launch_on_a_run_folder_in_use_is_refused(wx: Path, tmp_path: P
     assert refused.returncode == 2 and "is in use by another training process (pid" in refused.stderr
     assert ".step-0000002.partial" in names
     assert train(load_train_config("debug", over), run).step == 4  # the kill released the folder
+
+
+def test_a_run_folder_on_a_filesystem_without_locks_trains_unguarded_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NFSv3 without lockd answers ENOLCK, Lustre without flock ENOSYS: the run goes on (a warning says the folder
+    is not guarded) instead of refusing to train where it used to."""
+    import errno
+    import fcntl
+
+    from vla.train.checkpoint import run_dir_lock
+
+    def no_locks(*args: Any) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    with caplog.at_level(logging.WARNING), run_dir_lock(tmp_path / "run"):
+        pass
+    assert "cannot lock the run folder" in caplog.text
+
+
+def test_a_relaunch_before_the_first_checkpoint_sets_the_killed_launchs_rows_aside(
+    wx: Path, tmp_path: Path
+) -> None:
+    """Killed before its first checkpoint, a launch left rows for steps the relaunch trains again from step 0."""
+    run = tmp_path / "run"
+    run.mkdir()
+    torn = '{"step": 1, "loss": 9.0}\n{"step": 2, "lo'  # a kill tore the last line
+    (run / "metrics.jsonl").write_text(torn)
+    train(load_train_config("debug", _args(wx, steps=2)), run)
+    assert [r["step"] for r in metrics(run)] == [1, 2] and all(r["loss"] != 9.0 for r in metrics(run))
+    assert (run / "metrics.rolled_back.jsonl").read_text() == torn + "\n"
 
 
 @pytest.mark.parametrize(

@@ -222,8 +222,10 @@ class VLALoader:
     def _generator(self) -> torch.Generator:
         """The DataLoader's own RNG, seeded by (data seed, rank, epoch): each iterator draws its workers' base seed
         from it, not from the global torch RNG, so iterating never moves the training process's RNG (a resumed
-        run, which starts an extra iterator mid-epoch, keeps the exact RNG stream of the run it continues) and a
-        resumed epoch's workers get the same base seed as the original's."""
+        run, which starts an extra iterator mid-epoch, keeps the exact RNG stream of the run it continues). Samples
+        do not depend on it (each is seeded by its own index); a resumed epoch's workers get the original's base
+        seed, but batch k of the resumed iterator goes to worker k mod W, so what a worker draws from its own
+        global RNG (none of vla's transforms do) is not reproduced across a resume."""
         entropy = [self.cfg.seed, self.order.rank, self.epoch]
         seed = np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]
         return torch.Generator().manual_seed(int(seed))

@@ -93,7 +93,14 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
+                # a filesystem without POSIX locks (NFSv3 without lockd, Lustre without flock): train unguarded
+                log.warning(
+                    "%s: cannot lock the run folder (%s); a second launch on it would not be refused",
+                    run_dir,
+                    e,
+                )
+                yield
+                return
             f.seek(0)
             holder = f.read().strip() or "unknown"
             raise RunDirBusy(
@@ -110,8 +117,8 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
             fcntl.lockf(f, fcntl.LOCK_UN)
 
 
-#: below this much free space, a failed checkpoint write is reported as a full disk whatever the error says
-#: (torch.save's is "unexpected pos N vs M", safetensors' and DCP's wrap the OSError)
+#: below this much free space, a failed checkpoint write's error says how little is left (torch.save reports a
+#: full disk as "unexpected pos N vs M", without the OSError)
 _FULL_DISK_BYTES = 256 * 2**20
 
 
@@ -141,16 +148,19 @@ def explained_write_errors(run_dir: Path, step: int) -> Iterator[None]:
                 chain.append(cause)
                 cause = cause.__cause__ or cause.__context__
         full = any(getattr(c, "errno", None) == errno.ENOSPC or "No space left" in str(c) for c in chain)
-        full = full or (free is not None and free < _FULL_DISK_BYTES)
         what = f"writing the checkpoint of step {step} under {where} failed"
         after = "the previous checkpoints are intact; re-run the same command to resume from the newest"
+        left = f"{free / 2**20:.0f} MiB free" if free is not None else "no space left"
         if full:
-            left = f"{free / 2**20:.0f} MiB free" if free is not None else "no space left"
             raise OSError(
                 errno.ENOSPC,
                 f"{what}: the disk is full ({left}). Free space (or lower train.keep_last), then {after}",
             ) from e
-        raise RuntimeError(f"{what} ({type(e).__name__}: {detail}); {after}") from e
+        # torch.save reports a full disk as "unexpected pos N vs M": say what the disk holds, without claiming it
+        low = (
+            f"; the disk has only {left}, likely full" if free is not None and free < _FULL_DISK_BYTES else ""
+        )
+        raise RuntimeError(f"{what} ({type(e).__name__}: {detail}{low}); {after}") from e
 
 
 def clean_partials(run_dir: Path) -> list[Path]:

@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 
 
 def _set_aside_rolled_back(run_dir: Path, step: int) -> None:
-    """A resumed run goes on from its checkpoint at ``step``: rows of ``metrics.jsonl`` logged after it (by the
-    launch that was killed before its next checkpoint) describe steps that are trained again, and would appear twice
-    in a plot. They move to ``metrics.rolled_back.jsonl`` (appended, nothing is lost); the rest is rewritten
+    """A (re)started run goes on from its checkpoint at ``step`` (0: none yet): rows of ``metrics.jsonl`` logged
+    after it (by a launch killed before its next checkpoint) describe steps that are trained again, and would appear
+    twice in a plot. They move to ``metrics.rolled_back.jsonl`` (appended, nothing is lost); the rest is rewritten
     atomically."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -73,8 +73,8 @@ class MetricsLogger:
         self._wandb = None
         if not enabled:
             return
-        if start_step > 0:
-            _set_aside_rolled_back(run_dir, start_step)
+        # also at step 0: a launch killed before its first checkpoint logged steps the next one trains again
+        _set_aside_rolled_back(run_dir, start_step)
         self._file = (run_dir / "metrics.jsonl").open("a", buffering=1)
         if cfg.progress and sys.stderr.isatty():
             self._bar = tqdm(

@@ -210,7 +210,12 @@ class Trainer:
             return
         pre_file = self.resume_from / PREPROCESSING
         pre = json.loads(pre_file.read_text()) if pre_file.is_file() else {}
-        changed = loader.use_stats(stats, pre.get("stats_keys") or {})
+        try:
+            changed = loader.use_stats(stats, pre.get("stats_keys") or {})
+        except ValueError as e:  # the datasets changed: the resume checks that follow name what and refuse
+            if warn and self.rt.is_main:
+                log.warning("resuming %s: cannot keep the run's norm stats (%s)", self.resume_from, e)
+            return
         if changed and warn and self.rt.is_main:
             log.warning(
                 "resuming %s: the data's norm stats differ from the run's for %s; the run keeps normalizing with "
@@ -680,10 +685,14 @@ class Trainer:
             (self.run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
             ckpt.clean_partials(self.run_dir)
         rt.barrier()
+        with (
+            ckpt.explained_write_errors(self.run_dir, step),
+            self._ema_weights(),
+            held_in_float32(self.held_bf16),
+        ):
+            rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
+        rt.barrier()
         with ckpt.explained_write_errors(self.run_dir, step):
-            with self._ema_weights(), held_in_float32(self.held_bf16):
-                rt.save_model_folder(self.model, self.wrapped, tmp, adapter=self.adapter_ref)
-            rt.barrier()
             ckpt.save_train_state(
                 tmp,
                 rank=rt.rank,
