@@ -447,7 +447,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
             f"--host {host} --port {port}: cannot listen there ({e.strerror}); another server may hold the port: "
             "pick another --port (0 takes any free one)",
         ) from None
-    sock.set_inheritable(True)
     return sock
 
 
