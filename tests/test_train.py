@@ -30,6 +30,7 @@ from vla.config import ConfigError
 from vla.models.run_dir import (
     CHECKPOINTS,
     complete_steps,
+    display_name,
     latest_complete,
     resolve_checkpoint,
     step_dir_name,
@@ -305,6 +306,7 @@ def test_debug_run_loss_falls_and_predict_runs(wx: Path, tmp_path: Path) -> None
     assert [p.name for p in complete_steps(run)] == ["step-0000020", "step-0000040"]
     step = latest_complete(run)
     assert resolve_checkpoint(run) == step
+    assert display_name(step) == f"{run.name}/step-0000040"  # what a server shows clients
     for name in (
         "config.json",
         "model.safetensors",

@@ -32,6 +32,7 @@ import torch
 from vla.data.collate import collate
 from vla.data.normalize import Normalizer, Unnormalizer
 from vla.data.transforms import resize_images
+from vla.models.run_dir import display_name
 from vla.types import Batch, Observation, ObservationError
 
 if TYPE_CHECKING:
@@ -170,7 +171,8 @@ class Policy:
         action names and camera slots; the model's image size and observation history."""
         first = self._transforms[self.embodiments[0]].pre
         out: dict[str, Any] = {
-            "model": self.name,
+            # no server paths to clients: the run/step or folder name
+            "model": display_name(self.name) if self.name else "",
             "image_size": first.image_size,
             "obs_history": first.obs_history,
             "embodiments": {},

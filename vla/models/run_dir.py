@@ -74,3 +74,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
             )
         return latest
     return p
+
+
+def display_name(path: str | Path) -> str:
+    """A short name for a resolved checkpoint, fit to show to clients without the server's file layout:
+    ``RUN/step-0000100`` for a training step folder, the folder's name for a plain checkpoint folder, a hub id
+    unchanged."""
+    p = Path(path)
+    if not p.exists():
+        return str(path)
+    if STEP_DIR.match(p.name) and p.parent.name == CHECKPOINTS:
+        return f"{p.parent.parent.name}/{p.name}"
+    return p.resolve().name
