@@ -139,7 +139,7 @@ def reference(policy: Policy, request: dict[str, Any], seed: int) -> np.ndarray:
 
 
 # ---- the contract --------------------------------------------------------------------------------------------------
-def test_ready_line_healthz_and_metadata(server: Server, policy: Policy) -> None:
+def test_ready_line_healthz_and_metadata(server: Server, policy: Policy, checkpoint: Path) -> None:
     assert "embodiments sim_panda, widowx_bridge" in server.ready_line and "protocol 1" in server.ready_line
     assert server.url.startswith("ws://127.0.0.1:")  # binds loopback unless told otherwise
     with urllib.request.urlopen(server.http + "/healthz") as r:
@@ -149,6 +149,8 @@ def test_ready_line_healthz_and_metadata(server: Server, policy: Policy) -> None
     assert e.value.code == 401
     meta = _get_json(server.http + "/metadata")
     assert meta["protocol_version"] == 1 and set(meta["embodiments"]) == {"sim_panda", "widowx_bridge"}
+    # the model's name, not the server's file layout
+    assert meta["model"] == "tiny" and str(checkpoint.parent) not in json.dumps(meta), meta["model"]
     panda = meta["embodiments"]["sim_panda"]
     assert panda["chunk_length"] == policy.chunk_length("sim_panda") and panda["control_hz"] == 10.0
     assert panda["cameras"] == ["primary", "wrist"] and len(panda["action_names"]) == 8
@@ -508,6 +510,39 @@ def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(
     assert main(["serve", str(tmp_path / "no-such-checkpoint"), "--port", port]) == 2
     err = capsys.readouterr().err
     assert f"--port {port}: cannot listen there" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("sig", "rc", "said"), [(signal.SIGTERM, 0, "SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_stop_while_warming_up_exits_at_once_and_cleanly(
+    checkpoint: Path, tmp_path: Path, sig: int, rc: int, said: str
+) -> None:
+    """A supervisor's SIGTERM (or Ctrl-C) while the compiled modes are timed: the stop line and exit 0 (130), within
+    seconds. Before: SIGTERM killed it with 143; a Ctrl-C, and a handled SIGTERM, aborted the interpreter in C++
+    (exit 134) because its shutdown met the model thread inside a compile."""
+    err = tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "vla.cli", "serve", str(checkpoint), "--port", "0", "--compile",
+           "--dtype", "float32", "--num-steps", str(NUM_STEPS)]  # fmt: skip
+    with open(err, "w") as f:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while "timing the serving modes" not in err.read_text():  # compiling: tens of seconds for this model
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
+            time.sleep(0.1)
+        time.sleep(1)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        assert proc.wait(30) == rc, err.read_text()[-2000:]
+        assert time.monotonic() - start < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert f"vla serve: {said} before ready" in text and "terminate called" not in text, text[-2000:]
+    assert proc.stdout.read() == ""  # never announced ready
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(server: Server) -> None:

@@ -20,7 +20,10 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
+import signal
 import sys
+import threading
 from typing import Any
 
 log = logging.getLogger("vla.serving")
@@ -158,10 +161,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = load_api_key(args.api_key_file) if args.api_key_file else None
     sock = bind_socket(args.host, args.port)  # a port in use fails now, not after loading and warm-up
+    previous = _stop_on_sigterm()  # until uvicorn installs its own handlers: a stop before ready exits 0 too
     try:
         # Loading, the mode trials and every batch run on one thread (vla.serving.batching: a second thread doing
         # torch work would slow every forward pass down)
         model_thread = ModelThread()
+        log.info("loading %s", args.checkpoint)
         policy = model_thread.call(
             Policy.from_checkpoint,
             args.checkpoint,
@@ -172,6 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         # the bf16 probe inside candidates() is torch work too: on the model thread
         modes = model_thread.call(candidates, args.dtype, args.compile, args.device, attention=args.attention)
+        log.info("timing the serving modes %s", [str(m) for m in modes])
         mode, trials = model_thread.call(select_mode, policy, modes, [1, args.max_batch])
         log.info("serving mode: %s (of %s)", mode, [str(t.mode) for t in trials] or [str(mode)])
         options = ServeOptions(
@@ -206,11 +212,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
 
         freeze_heap()
+        _restore_sigterm(previous)
         rc = run_server(serving, on_ready=ready, sock=sock)
+    except (_Stopped, KeyboardInterrupt) as stop:
+        # The model thread may be inside a load or a compile, which no Python code can interrupt; an interpreter
+        # shutdown around it aborts in C++ ("terminate called without an active exception", exit 134). Nothing
+        # is written yet, so leaving at once loses nothing.
+        sigterm = isinstance(stop, _Stopped)
+        print(
+            f"vla serve: {'SIGTERM' if sigterm else 'interrupted'} before ready, nothing was served",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(0 if sigterm else 130)
     finally:
+        _restore_sigterm(previous)
         sock.close()  # uvicorn closed it already unless start-up failed
     print("vla serve: stopped", file=sys.stderr, flush=True)
     return rc
+
+
+class _Stopped(BaseException):
+    """SIGTERM while loading or warming up (a BaseException, like KeyboardInterrupt: no handler takes it for an
+    error)."""
+
+
+def _stop_on_sigterm() -> Any:
+    """Make SIGTERM raise ``_Stopped`` in the main thread while the checkpoint loads and the modes are timed, so a
+    supervisor's stop (systemd, Kubernetes, SLURM) before ready ends the process with 0 and the stop line, as a
+    stop after ready does. Returns the previous handler (None where signals cannot be set: not the main
+    thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stopped
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _restore_sigterm(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def freeze_heap() -> None:
