@@ -363,6 +363,63 @@ def test_async_client_never_reads_a_late_reply_as_the_next_answer() -> None:
         server.close()
 
 
+def test_close_from_another_thread_ends_the_client_instead_of_reconnecting() -> None:
+    """``close()`` while another thread waits for an answer: that call raises ``ClientClosedError`` and so does
+    every later one; the client never opens a new connection behind the closer's back (before: the in-flight call
+    took the close for a dropped connection, reconnected and sent its request again)."""
+    import threading
+
+    from vla.serving.client import ClientClosedError, WebsocketClient
+
+    server = _SlowEchoServer()
+    try:
+        client = WebsocketClient(server.url, timeout=30)
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.infer({"i": 0})  # held by the server until released
+            except BaseException as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.3)
+        client.close()
+        thread.join(30)
+        server.release.set()
+        assert len(errors) == 1 and isinstance(errors[0], ClientClosedError), errors
+        with pytest.raises(ClientClosedError, match="was closed; open a new client"):
+            client.infer({"i": 1})
+        assert server.connections == 1
+    finally:
+        server.release.set()
+        server.close()
+
+
+def test_async_close_from_another_task_ends_the_client_instead_of_reconnecting() -> None:
+    from vla.serving.client import AsyncWebsocketClient, ClientClosedError
+
+    server = _SlowEchoServer()
+
+    async def run() -> None:
+        client = await AsyncWebsocketClient.open(server.url, timeout=30)
+        task = asyncio.ensure_future(client.infer({"i": 0}))
+        await asyncio.sleep(0.3)
+        await client.close()
+        with pytest.raises(ClientClosedError):
+            await task
+        with pytest.raises(ClientClosedError):
+            await client.infer({"i": 1})
+
+    try:
+        asyncio.run(run())
+        assert server.connections == 1
+    finally:
+        server.release.set()
+        server.close()
+
+
 # ---- broker -----------------------------------------------------------------------------------------------------------
 class CountingPolicy:
     """Chunk ``q`` (the q-th query, from 0) has actions ``[[100 q + t]]`` for t in 0..H-1; records the observations."""

@@ -26,7 +26,8 @@ connection after an error and the next ``infer`` reconnects. A dropped connectio
 sent once more (``retries``), with ``timeout`` seconds for each response. Any other failure of a request (a
 timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection before it is raised, and the
 next ``infer`` reconnects: the late reply to the abandoned request must never be read as the answer to the next one
-(a robot would act on an old chunk).
+(a robot would act on an old chunk). ``close()`` ends a client for good: a request in flight on another thread
+or task raises ``ClientClosedError`` instead of reconnecting, and so does every later ``infer``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import websockets.sync.client
 from vla.serving.broker import ActionChunkBroker
 from vla.serving.protocol import ProtocolError, pack, unpack
 
-__all__ = ["ActionChunkBroker", "AsyncWebsocketClient", "ServerError", "WebsocketClient"]
+__all__ = ["ActionChunkBroker", "AsyncWebsocketClient", "ClientClosedError", "ServerError", "WebsocketClient"]
 
 # websockets >= 17 warns unless a long-lived sync connection opts in with legacy=True; older versions lack the flag.
 _SYNC_LEGACY = (
@@ -59,6 +60,16 @@ _CLOSE_TIMEOUT = 2.0
 
 class ServerError(RuntimeError):
     """The server answered a request with an error (its one-line text message) instead of actions."""
+
+
+class ClientClosedError(RuntimeError):
+    """``infer`` on a client that ``close()`` ended (before or during the request); open a new client."""
+
+
+def _closed_error(client: object) -> ClientClosedError:
+    return ClientClosedError(
+        f"{type(client).__name__} for {getattr(client, 'url', '?')} was closed; open a new client to go on"
+    )
 
 
 def _headers(api_key: str | None) -> dict[str, str] | None:
@@ -109,6 +120,7 @@ class WebsocketClient:
         self._ws: websockets.sync.client.ClientConnection | None = None
         self.metadata: dict[str, Any] = {}
         self._lock = threading.Lock()  # one request/response exchange on the connection at a time
+        self._closed = False  # close() was called: never reconnect
         self._connect()
 
     def _connect(self) -> None:
@@ -146,12 +158,19 @@ class WebsocketClient:
 
     def _exchange(self, frame: bytes) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
+            if self._closed:
+                raise _closed_error(self)
             if self._ws is None:
                 self._connect()
+                if self._closed:  # closed while connecting
+                    self._drop()
+                    raise _closed_error(self)
             try:
                 self._ws.send(frame)
                 reply = self._ws.recv(timeout=self.timeout)
-            except websockets.exceptions.ConnectionClosed:
+            except websockets.exceptions.ConnectionClosed as e:
+                if self._closed:  # close() from another thread, not a dropped connection: no reconnecting
+                    raise _closed_error(self) from e
                 self._drop()
                 if attempt == self.retries:
                     raise
@@ -160,7 +179,7 @@ class WebsocketClient:
                 self._drop()
                 raise
             if isinstance(reply, str):
-                self.close()  # the server closes after an error; the next call reconnects
+                self._drop()  # the server closes after an error; the next call reconnects
             return _decoded(reply, self._drop)
         raise AssertionError("unreachable")
 
@@ -174,9 +193,11 @@ class WebsocketClient:
                 ws.socket.close()
 
     def close(self) -> None:
-        if self._ws is not None:
-            self._ws.close()
-            self._ws = None
+        """End the client: a request in flight (another thread's) and every later one raise ``ClientClosedError``."""
+        self._closed = True
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            ws.close()
 
     def __enter__(self) -> WebsocketClient:
         return self
@@ -211,6 +232,7 @@ class AsyncWebsocketClient:
         # one request/response exchange on the connection at a time: a second concurrent recv() is an error in
         # websockets, and its clean-up would drop the first call's connection
         self._lock = asyncio.Lock()
+        self._closed = False  # close() was called: never reconnect
 
     @classmethod
     async def open(cls, url: str = "ws://127.0.0.1:8000", **kwargs: Any) -> AsyncWebsocketClient:
@@ -252,12 +274,19 @@ class AsyncWebsocketClient:
 
     async def _exchange(self, frame: bytes) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
+            if self._closed:
+                raise _closed_error(self)
             if self._ws is None:
                 await self.connect()
+                if self._closed:  # closed while connecting
+                    self._abort()
+                    raise _closed_error(self)
             try:
                 await self._ws.send(frame)
                 reply = await asyncio.wait_for(self._ws.recv(), self.timeout)
-            except websockets.exceptions.ConnectionClosed:
+            except websockets.exceptions.ConnectionClosed as e:
+                if self._closed:  # close() from another task, not a dropped connection: no reconnecting
+                    raise _closed_error(self) from e
                 self._abort()
                 if attempt == self.retries:
                     raise
@@ -267,7 +296,7 @@ class AsyncWebsocketClient:
                 self._abort()
                 raise
             if isinstance(reply, str):
-                await self.close()
+                await self._close_connection()  # the server closes after an error; the next call reconnects
             return _decoded(reply, self._abort)
         raise AssertionError("unreachable")
 
@@ -278,10 +307,15 @@ class AsyncWebsocketClient:
         if ws is not None:
             ws.transport.abort()
 
+    async def _close_connection(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            await ws.close()
+
     async def close(self) -> None:
-        if self._ws is not None:
-            await self._ws.close()
-            self._ws = None
+        """End the client: a request in flight (another task's) and every later one raise ``ClientClosedError``."""
+        self._closed = True
+        await self._close_connection()
 
     async def __aenter__(self) -> AsyncWebsocketClient:
         await self.connect()
