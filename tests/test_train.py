@@ -392,6 +392,20 @@ def test_a_second_launch_on_a_run_folder_in_use_is_refused(wx: Path, tmp_path: P
     assert train(load_train_config("debug", over), run).step == 4  # the kill released the folder
 
 
+def test_a_second_run_in_the_same_process_on_a_held_folder_is_refused(wx: Path, tmp_path: Path) -> None:
+    """POSIX locks do not exclude the process that holds them: a notebook or a sweep starting a second ``train()``
+    on a folder its first one (a thread) still trains in was let through."""
+    from vla.train.checkpoint import RunDirBusy, run_dir_lock
+
+    run = tmp_path / "run"
+    with run_dir_lock(run):
+        with pytest.raises(RunDirBusy, match="in use by another training run in this process"):
+            train(load_train_config("debug", [f"data.datasets=[{wx}]", "train.steps=1"]), run)
+        assert not (run / "checkpoints").exists()
+    with run_dir_lock(run):  # released on exit, refused or not
+        pass
+
+
 def test_a_run_folder_on_a_filesystem_without_locks_trains_unguarded_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

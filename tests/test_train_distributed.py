@@ -124,3 +124,42 @@ def test_fsdp2_two_processes_save_and_one_process_resumes(
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("written by 1 process(es), this run has 2") == 1, r.stderr[-3000:]
     assert latest_complete(run).name == "step-0000006"
+
+
+def test_a_second_launch_on_a_busy_run_folder_is_refused_on_every_rank(wx: Path, tmp_path: Path) -> None:
+    """Rank 0 cannot lock the folder (another run holds it): every rank stops with the error. The ranks are started
+    as a per-rank launcher (``srun`` with one task per GPU, or MPI) starts them: no torchrun agent tears the group
+    down when one rank dies. Before, rank 0 alone refused, before the process group existed, and rank 1 waited in
+    ``init_process_group`` for a peer that was gone, until the store's timeout (30 minutes)."""
+    import subprocess
+    import sys
+
+    from train_helpers import REPO, cli_env, free_port
+
+    from vla.train.checkpoint import run_dir_lock
+
+    run = tmp_path / "run"
+    port = str(free_port())
+    cmd = [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(wx)]
+    dist_env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    with run_dir_lock(run):  # this test process plays the first run
+        procs = [
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=REPO,
+                env={**cli_env(), **dist_env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            )
+            for r in range(2)
+        ]
+        try:
+            outs = [p.communicate(timeout=180)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 2 and "is in use by another training process" in out, (rank, out[-3000:])
+    assert not (run / "checkpoints").exists()  # nothing written by the refused launch

@@ -30,7 +30,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,49 +72,91 @@ class RunDirBusy(RuntimeError):
 
 
 @contextlib.contextmanager
-def run_dir_lock(run_dir: Path) -> Iterator[None]:
+def run_dir_lock(
+    run_dir: Path, *, rank: int | None = None, agree: Callable[[bool], bool] | None = None
+) -> Iterator[None]:
     """Hold ``run_dir`` for one training process (rank 0 of a distributed run; other ranks pass through): a second
     launch on the same folder (a double submit, a requeue while the first job still runs) would delete the first's
     checkpoint in progress as a leftover and write over its steps. The lock is a POSIX record lock (``lockf``): the
     kernel releases it when the process dies, so a stale lock file never blocks a resume, and forked children (the
-    loader's workers, which outlive a SIGKILLed trainer by seconds) do not inherit it, as they would a ``flock``."""
+    loader's workers, which outlive a SIGKILLed trainer by seconds) do not inherit it, as they would a ``flock``.
+    POSIX locks do not exclude the process holding them, so a folder held by a run in this process is refused too.
+
+    ``rank`` defaults to the ``RANK`` environment variable. ``agree(ok) -> every rank's ok`` (an all-reduce, once
+    the process group exists) tells every rank whether rank 0 got the lock, so all of them refuse together: a rank
+    left alone would wait for a vanished peer at its first collective, forever under a per-rank launcher."""
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    agree = agree or (lambda ok: ok)
+    if rank != 0:
+        if not agree(True):
+            raise RunDirBusy(
+                f"{run_dir} is in use by another training process (rank 0 could not lock it); wait for it to end "
+                "(or stop it), or pass another --run-dir"
+            )
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_locked(run_dir))
+        except RunDirBusy:
+            agree(False)  # the other ranks learn it and refuse too
+            raise
+        agree(True)
+        yield
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """``run_dir_lock`` on rank 0; raises ``RunDirBusy`` before yielding when another run holds the folder."""
+    key = str(run_dir.resolve())
+    if key in _HELD:
+        raise RunDirBusy(
+            f"{run_dir} is in use by another training run in this process: two runs in one folder would delete "
+            "each other's checkpoints. Let it end first, or pass another run_dir"
+        )
     try:
         import fcntl
-    except ImportError:  # not POSIX: no lock
-        yield
-        return
-    if int(os.environ.get("RANK", "0")) != 0:
-        yield
-        return
+    except ImportError:  # not POSIX: no lock across processes
+        fcntl = None
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / RUN_LOCK
-    with open(path, "a+") as f:
-        try:
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                # a filesystem without POSIX locks (NFSv3 without lockd, Lustre without flock): train unguarded
-                log.warning(
-                    "%s: cannot lock the run folder (%s); a second launch on it would not be refused",
-                    run_dir,
-                    e,
-                )
-                yield
-                return
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            raise RunDirBusy(
-                f"{run_dir} is in use by another training process (pid {holder}): two runs in one folder would "
-                "delete each other's checkpoints. Wait for it to end (or stop it), or pass another --run-dir"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        try:
+    _HELD.add(key)
+    try:
+        if fcntl is None:
             yield
-        finally:
-            fcntl.lockf(f, fcntl.LOCK_UN)
+            return
+        with open(run_dir / RUN_LOCK, "a+") as f:
+            try:
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    # a filesystem without POSIX locks (NFSv3 without lockd, Lustre without flock): train unguarded
+                    log.warning(
+                        "%s: cannot lock the run folder (%s); a second launch on it would not be refused",
+                        run_dir,
+                        e,
+                    )
+                    yield
+                    return
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                raise RunDirBusy(
+                    f"{run_dir} is in use by another training process (pid {holder}): two runs in one folder would "
+                    "delete each other's checkpoints. Wait for it to end (or stop it), or pass another --run-dir"
+                ) from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.lockf(f, fcntl.LOCK_UN)
+    finally:
+        _HELD.discard(key)
+
+
+#: run folders held by a training run of this process (POSIX locks do not exclude their own process)
+_HELD: set[str] = set()
 
 
 #: below this much free space, a failed checkpoint write's error says how little is left (torch.save reports a

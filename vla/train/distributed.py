@@ -102,6 +102,15 @@ class Runtime:
             return _set_fsdp_sync(model, False)
         return contextlib.nullcontext()
 
+    def all_true(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank (a collective: every rank calls it)."""
+        if self.world_size == 1:
+            return ok
+        backend_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        flag = torch.tensor([int(ok)], device=backend_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return t

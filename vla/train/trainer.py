@@ -87,10 +87,11 @@ class Trainer:
         *,
         init_from: str | Path | None = None,
         require_embodiment: str | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, not at the first bf16 step
-        self.rt = Runtime.start(cfg.distributed)
+        self.rt = runtime or Runtime.start(cfg.distributed)
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
         if self.resume_from is None:
@@ -733,8 +734,13 @@ def train(
 ) -> TrainResult:
     """Run (or resume) a training run in ``run_dir``; returns where it ended. One run trains in a folder at a time
     (``checkpoint.run_dir_lock``)."""
-    with ckpt.run_dir_lock(Path(run_dir)):
-        trainer = Trainer(cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment)
+    env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, before any process waits for another
+    # the process group first: every rank learns whether rank 0 got the folder, and all refuse together
+    rt = Runtime.start(cfg.distributed)
+    with ckpt.run_dir_lock(Path(run_dir), rank=rt.rank, agree=rt.all_true):
+        trainer = Trainer(
+            cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment, runtime=rt
+        )
         try:
             return trainer.run()
         finally:
