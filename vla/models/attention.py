@@ -369,6 +369,10 @@ class SharedKVLayer(nn.Module):
 
     checkpoint_activations: bool = False
     keys_values_only: bool = False
+    # set by apply_fsdp2: return the values contiguous, not as a view of the projection's output (FSDP2 warns on a
+    # view, as an in-place op on it would skip its pre-backward hook); a copy ``attend`` makes anyway where it
+    # reshapes the values
+    contiguous_values: bool = False
     # set by prepare_inference (and "auto", measured, by train()); used outside training mode without a gradient
     inference_attention: str = "sdpa"
 
@@ -415,6 +419,8 @@ class SharedKVLayer(nn.Module):
         x = self.input_layernorm(h)
         k = _rope(_heads(x, attn.k_proj, attn.head_dim), cos, sin)
         v = _heads(x, attn.v_proj, attn.head_dim)
+        if self.contiguous_values:
+            v = v.contiguous()
         if keys_only:
             return None, (k, v)
         q = _rope(_heads(x, attn.q_proj, attn.head_dim), cos, sin)

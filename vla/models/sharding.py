@@ -64,8 +64,12 @@ def apply_fsdp2(
     float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+    from vla.models.attention import SharedKVLayer
+
     mp = mp_policy or MixedPrecisionPolicy()
     for unit in sharding_units(model):
+        if isinstance(unit, SharedKVLayer):
+            unit.contiguous_values = True  # its outputs must not be views (see SharedKVLayer)
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     root_mp = dataclasses.replace(mp, cast_forward_inputs=False)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=root_mp)
