@@ -684,6 +684,42 @@ def test_prune_keeps_the_newest_and_milestones_and_clean_removes_partials(tmp_pa
         resolve_checkpoint(root / "step-0000012")
 
 
+def test_resolve_checkpoint_refuses_what_is_not_a_complete_checkpoint_however_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reader (model info, predict, serve, finetune's base) goes through ``resolve_checkpoint``. Before, a step
+    folder typed relative to ``checkpoints/`` skipped its marker check, and a hidden leftover of a killed write
+    passed as a plain checkpoint folder: a fine-tune trained a whole run on a half-written base."""
+    run = tmp_path / "run"
+    root = run / CHECKPOINTS
+    (root / "step-0000004").mkdir(parents=True)  # no COMPLETE marker
+    for name in (".step-0000006.partial", "..step-0000006.partial.tmp-k2_x9abc"):
+        (root / name).mkdir()
+    monkeypatch.chdir(root)
+    for written in ("step-0000004", "./step-0000004/", "../checkpoints/step-0000004"):
+        with pytest.raises(FileNotFoundError, match="no COMPLETE marker"):
+            resolve_checkpoint(written)
+    for name in (".step-0000006.partial", "..step-0000006.partial.tmp-k2_x9abc"):
+        with pytest.raises(FileNotFoundError, match=f"left by an interrupted checkpoint write.*{run}"):
+            resolve_checkpoint(root / name)
+    (root / "step-0000004" / "COMPLETE").write_text("{}")
+    assert resolve_checkpoint("step-0000004") == root.resolve() / "step-0000004"
+    # a run folder before its first checkpoint, a file, a missing path: each named for what it is
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "metrics.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match="a training run folder with no checkpoint yet"):
+        resolve_checkpoint(early)
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="a file, not a checkpoint folder"):
+        resolve_checkpoint(tmp_path / "model.safetensors")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
+        resolve_checkpoint(tmp_path / "nope")
+    assert resolve_checkpoint("HuggingFaceTB/SmolVLM2-500M-Video-Instruct") == Path(
+        "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
+    )  # a hub id, looked up by from_pretrained
+
+
 def test_a_kill_while_the_model_is_staged_leaves_nothing_after_the_next_start(
     wx: Path, tmp_path: Path
 ) -> None:

@@ -16,6 +16,16 @@ from pathlib import Path
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
 STEP_DIR = re.compile(r"^step-(\d{7})$")
+#: what ``vla train`` writes in a run folder before its first checkpoint (the run lock, the resolved config, metrics)
+RUN_FILES = (".vla-train.lock", "config.yaml", "metrics.jsonl")
+#: hidden folders a killed checkpoint write or deletion leaves in ``checkpoints/``: the step being written
+#: (``.step-X.partial``) or deleted (``.step-X.deleting``), and ``save_pretrained``'s staging copies of the model
+#: written into the partial folder (``..step-X.partial.tmp-*`` / ``.old-*``: ``tempfile.mkdtemp`` names next to it,
+#: see ``vla.models.hub``)
+LEFTOVER = re.compile(r"\.step-\d{7}\.(?:partial|deleting)|\.\.step-\d{7}\.partial\.(?:tmp|old)-[a-z0-9_]{8}")
+#: ``save_pretrained``'s hidden staging copy (``.<name>.tmp-*``) or set-aside old copy (``.<name>.old-*``) of any
+#: checkpoint folder
+STAGING = re.compile(r"\..+\.(?:tmp|old)-[a-z0-9_]{8}")
 
 
 def step_dir_name(step: int) -> str:
@@ -54,10 +64,26 @@ def latest_complete(run_dir: str | Path) -> Path | None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """The ``from_pretrained`` folder ``path`` stands for: a step folder (must be complete), a run folder (its
-    newest complete step) or a plain checkpoint folder. Hub ids and other strings are returned unchanged."""
-    p = Path(path)
+    newest complete step) or a plain checkpoint folder, resolved to an absolute path. Refused, naming the fix: a
+    step folder without its ``COMPLETE`` marker (however the path is written), a hidden leftover of an interrupted
+    write, a run folder with no checkpoint yet, a file (except a model YAML), a missing absolute or ``./`` path.
+    Hub ids (and preset names) are returned unchanged."""
+    p = Path(path).expanduser()
     if not p.exists():
+        if p.is_absolute() or str(path).startswith((".", "~")):  # a hub id is never written so
+            raise FileNotFoundError(f"{path}: no such checkpoint folder")
         return p  # a hub id: from_pretrained looks it up in the local Hugging Face cache
+    if p.is_file() and p.suffix not in (".yaml", ".yml"):  # a YAML file is a model config (vla model info)
+        raise FileNotFoundError(
+            f"{p}: a file, not a checkpoint folder; pass the folder that holds it ({p.resolve().parent})"
+        )
+    p = p.resolve()  # "step-0000004" typed inside checkpoints/ is a step folder too: its marker is checked
+    if LEFTOVER.fullmatch(p.name) or STAGING.fullmatch(p.name):
+        run = p.parent.parent if p.parent.name == CHECKPOINTS else p.parent
+        raise FileNotFoundError(
+            f"{p}: a hidden folder left by an interrupted checkpoint write or deletion, not a checkpoint; use the "
+            f"run folder {run} (its newest complete step) or a complete step-XXXXXXX folder"
+        )
     if STEP_DIR.match(p.name) and p.parent.name == CHECKPOINTS:
         if not is_complete(p):
             raise FileNotFoundError(
@@ -73,6 +99,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
                 "(train.save_every steps have not passed, or every write was interrupted)"
             )
         return latest
+    if not (p / "config.json").exists() and any((p / f).exists() for f in RUN_FILES):
+        raise FileNotFoundError(
+            f"{p}: a training run folder with no checkpoint yet (train.save_every steps have not passed); "
+            "wait for its first checkpoint"
+        )
     return p
 
 

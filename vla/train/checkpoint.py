@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import time
 import warnings
@@ -41,7 +40,15 @@ import yaml
 
 from vla.faults import kill_point
 from vla.models.hub import swap_folders
-from vla.models.run_dir import CHECKPOINTS, COMPLETE, complete_steps, step_dir_name, step_of
+from vla.models.run_dir import (
+    CHECKPOINTS,
+    COMPLETE,
+    LEFTOVER,
+    RUN_FILES,
+    complete_steps,
+    step_dir_name,
+    step_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +62,8 @@ def partial_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f".{step_dir_name(step)}.partial"
 
 
-#: hidden folders a killed checkpoint write or deletion leaves: the step being written (``.step-X.partial``) or
-#: deleted (``.step-X.deleting``), and ``save_pretrained``'s staging copies of the model written into the partial
-#: folder (``..step-X.partial.tmp-*`` / ``.old-*``: ``tempfile.mkdtemp`` names next to it, see ``vla.models.hub``)
-_LEFTOVER = re.compile(
-    r"\.step-\d{7}\.(?:partial|deleting)|\.\.step-\d{7}\.partial\.(?:tmp|old)-[a-z0-9_]{8}"
-)
-
-
 #: the file ``run_dir_lock`` holds an exclusive lock on (and writes its pid into) while a run trains in the folder
-RUN_LOCK = ".vla-train.lock"
+RUN_LOCK = RUN_FILES[0]
 
 
 class RunDirBusy(RuntimeError):
@@ -206,7 +205,7 @@ def explained_write_errors(run_dir: Path, step: int) -> Iterator[None]:
 
 
 def clean_partials(run_dir: Path) -> list[Path]:
-    """Remove hidden folders left by interrupted writes or deletions (``_LEFTOVER``), after renaming back a
+    """Remove hidden folders left by interrupted writes or deletions (``LEFTOVER``), after renaming back a
     complete step that a kill left aside while it was being replaced (``.step-*.replaced``). Complete steps and
     names of any other pattern are never touched."""
     root = run_dir / CHECKPOINTS
@@ -219,7 +218,7 @@ def clean_partials(run_dir: Path) -> list[Path]:
             else:
                 os.replace(p, final)
         for p in sorted(root.iterdir()):
-            if p.is_dir() and _LEFTOVER.fullmatch(p.name):
+            if p.is_dir() and LEFTOVER.fullmatch(p.name):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     if removed:
