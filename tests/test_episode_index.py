@@ -153,6 +153,20 @@ def test_changed_files_rebuild_the_index(droid: Path, caplog: pytest.LogCaptureF
     assert rewritten.lengths.tolist() == full_scan(droid, StandardizeOptions()) == new_lengths
 
 
+def test_a_file_name_that_is_not_utf8_is_indexed(lerobot: Path, tmp_path: Path) -> None:
+    """A stray file whose name is not UTF-8 (Latin-1 ``café.txt`` from an old tool) under ``data/``: the index keys
+    it by its raw bytes (before: an encoding error naming no file stopped every ``vla train``)."""
+    import shutil
+
+    ds = Path(shutil.copytree(lerobot, tmp_path / "latin1"))
+    with open(os.fsencode(ds / "data") + b"/caf\xe9.txt", "wb") as f:
+        f.write(b"x")
+    cold = build_source(open_dataset(ds), "train")
+    warm = build_source(open_dataset(ds), "train")
+    assert cold.index is not None and warm.index == cold.index
+    assert warm.lengths.tolist() == full_scan(lerobot, StandardizeOptions())
+
+
 def test_options_use_their_own_index_entry(droid: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     a = build_source(open_dataset(droid), "train", options=OPTIONS["default"])

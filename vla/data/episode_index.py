@@ -14,7 +14,11 @@ stats). It is
   ``language_choice`` and ``seed`` pick prompts, never frames, so they are not part of it (a new ``data.seed``
   must not rebuild the index of a 1.7 TB dataset);
 * valid only while the files episodes are read from keep their size and mtime (``file_identity``): a changed,
-  added or removed file, or a corrupt index file, means a rebuild, with a log line that says why;
+  added or removed file, or a corrupt index file, means a rebuild, with a log line that says why. Like rsync's
+  quick check, a file rewritten in place to the same size whose mtime is then set back (``touch -r``) is not
+  noticed; a count that disagrees with standardization is an error naming the index when that episode is read
+  (unless ``data.on_bad_sample=skip``). Inode and ctime are left out on purpose: they change on every copy of a
+  dataset (``cp -a``, ``rsync -a`` to a node's local disk), and each would rescan a 1.7 TB corpus;
 * written atomically (temp file + rename) under a per-host lock file, so concurrent ranks and launches never
   read half a file and, where the filesystem supports ``flock``, only one of them builds.
 
@@ -165,7 +169,9 @@ def _stale_reason(old: Sequence[FileStat], new: Sequence[FileStat]) -> str | Non
 # ---- the file ----------------------------------------------------------------------------------------------
 def files_digest(files: Sequence[FileStat]) -> str:
     """sha256 of file identities: what a warm start compares, instead of 100k parsed entries."""
-    return hashlib.sha256("\n".join(f"{n}\0{s}\0{m}" for n, s, m in files).encode()).hexdigest()
+    text = "\n".join(f"{n}\0{s}\0{m}" for n, s, m in files)
+    # a file name that is not UTF-8 (os.scandir decodes it with surrogate escapes) hashes as its raw bytes
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @dataclass
