@@ -501,6 +501,22 @@ def test_start_without_embodiment_names_the_ones_left_out_for_lack_of_stats(
     assert "not serving ['widowx_bridge']" in caplog.text and "stats" in caplog.text
 
 
+def test_a_device_this_machine_lacks_is_named_not_blamed_on_the_checkpoint(
+    checkpoint: Path, capsys: Any
+) -> None:
+    """Before: ``--device cuda`` on a machine without CUDA, or a misspelt device, said the weights file was
+    "truncated or corrupt" (a user would throw a good checkpoint away)."""
+    import torch
+
+    bad = ["foo"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in bad:
+        assert main(["serve", str(checkpoint), "--port", "0", "--device", device]) == 2
+        err = capsys.readouterr().err
+        assert f"--device: device '{device}'" in err and "corrupt" not in err, err
+    with pytest.raises(ValueError, match="not a torch device"):
+        Policy.from_checkpoint(checkpoint, device="foo")
+
+
 def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(
     server: Server, tmp_path: Path, capsys: Any
 ) -> None:

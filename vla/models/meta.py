@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -35,6 +36,24 @@ def empty_weights() -> contextlib.AbstractContextManager:
     return init_empty_weights(include_buffers=False)
 
 
+def usable_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this process can use, else a ``ValueError`` saying why (an unknown device
+    string, CUDA asked for where torch sees none, a GPU index past the count)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {str(device)!r} is not a torch device ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {str(device)!r}: torch sees no CUDA GPU here (torch.cuda.is_available() is False: no GPU, "
+                f"no driver, or a CPU-only torch build {torch.__version__}); use cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA GPU(s) here")
+    return dev
+
+
 def load_weights(
     model: nn.Module, path: str | Path, *, device: str | torch.device = "cpu", ignore: Sequence[str] = ()
 ) -> None:
@@ -44,15 +63,20 @@ def load_weights(
     the names in ``ignore`` (weights an older checkpoint format stored and this model no longer has), and every
     parameter finite. Floating tensors are cast to the model's parameter dtype; ``requires_grad`` stays the
     model's."""
+    device = usable_device(device)  # a bad device is not a corrupt file
     try:
         state = load_file(str(path), device=str(device))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{path}: the checkpoint's weights file is missing; restore it") from e
-    except Exception as e:  # safetensors raises its own SafetensorError for a truncated or corrupt file
+    except SafetensorError as e:  # safetensors' own error for a truncated or corrupt file
         raise ValueError(
             f"{path}: cannot read the weights ({type(e).__name__}: {e}); the file is truncated or corrupt. "
             "Restore it or re-save the checkpoint (an interrupted copy leaves a short file)"
         ) from None
+    except Exception as e:  # e.g. out of memory on the device: the file may well be fine
+        raise RuntimeError(
+            f"{path}: loading the weights onto {device} failed ({type(e).__name__}: {e})"
+        ) from e
     expected = model.state_dict()
     for name in set(ignore) & set(state):
         del state[name]

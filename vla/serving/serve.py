@@ -146,6 +146,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-frame-mb must be in (0, 1024] (never unlimited), got {args.max_frame_mb}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    from vla.models.meta import usable_device
+
+    try:
+        usable_device(args.device)
+    except ValueError as e:
+        raise ValueError(f"--device: {e}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
