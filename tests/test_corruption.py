@@ -700,10 +700,19 @@ def nan_weight(ckpt: Path) -> None:
         (lambda ck: edit_json(ck / "config.json", lambda c: c["model"]["flow"].update(num_steps="ten")), "config.json",
          "`flow.num_steps`"),
         (lambda ck: edit_json(ck / "config.json", lambda c: c.pop("model")), "config.json", "no 'model' section"),
+        # valid JSON of the wrong shape, and a damaged preprocessing.json: each named (before: tracebacks, or a
+        # bare JSON / int() message naming no file)
+        (lambda ck: (ck / "config.json").write_text("[]"), "config.json", "a JSON list where"),
+        (lambda ck: (ck / "norm_stats.json").write_text("[]"), "norm_stats.json", "not a vla stats file"),
+        (lambda ck: (ck / "preprocessing.json").write_text("{bad"), "preprocessing.json", "not valid JSON"),
+        (lambda ck: (ck / "preprocessing.json").write_text('"x"'), "preprocessing.json", "a JSON str where"),
+        (lambda ck: (ck / "preprocessing.json").write_text('{"image_size": "big"}'), "preprocessing.json",
+         "a field does not parse"),
     ],
     ids=["truncated_weights", "no_tokenizer", "no_backbone", "no_weights", "truncated_config", "truncated_tokenizer",
          "no_tokenizer_config", "image_norm_not_utf8", "embodiment_not_utf8", "nan_weight", "no_config",
-         "config_value_not_parsed", "config_without_model"],
+         "config_value_not_parsed", "config_without_model", "config_a_list", "stats_a_list",
+         "preprocessing_not_json", "preprocessing_a_string", "preprocessing_field"],
 )  # fmt: skip
 def test_damaged_checkpoint_names_the_file(
     clean_checkpoint: Path,

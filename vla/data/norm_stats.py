@@ -130,6 +130,11 @@ class StatsFile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "stats") -> StatsFile:
+        if not isinstance(d, dict):
+            raise StatsError(
+                f"{where}: not a vla stats file (a JSON {type(d).__name__}, not an object). "
+                f"Recompute with '{STATS_COMMAND}'."
+            )
         version = d.get("format_version")
         if not isinstance(version, int):
             raise StatsError(

@@ -229,7 +229,14 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         meta = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{cfg_file}: not valid JSON ({e}); restore it or re-save the checkpoint") from None
-    version = int(meta.get("vla_format_version", 0))
+    if not isinstance(meta, dict):
+        raise ValueError(
+            f"{cfg_file}: a JSON {type(meta).__name__} where a vla checkpoint config (an object) belongs; restore "
+            "it or re-save the checkpoint"
+        )
+    version = meta.get("vla_format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"{cfg_file}: vla_format_version {version!r} is not an integer; restore it")
     if version == 1:
         raise ValueError(
             f"{cfg_file}: vla_format_version 1 was written before the embodiment token became a summary token "
@@ -245,8 +252,7 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
 
         model = load_adapter_model(root, meta, map_location)
         model.norm_stats = load_norm_stats(root)
-        pre = root / PREPROCESSING
-        model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
+        model.preprocessing = load_preprocessing(root, model)
         return model
     try:
         cfg: ModelConfig = load_model_config(meta["model"])
@@ -266,9 +272,36 @@ def from_pretrained(path: str | Path, *, map_location: str | torch.device = "cpu
         model = POLICIES.get(cfg.policy)(cfg, specs, backbone=backbone, norm_stats=stats)
     unused = [f"backbone.{name}" for name in backbone.unused_weights] if version == 2 else []
     load_weights(model, root / "model.safetensors", device=map_location, ignore=unused)
-    pre = root / PREPROCESSING
-    model.preprocessing = json.loads(pre.read_text()) if pre.is_file() else None
+    model.preprocessing = load_preprocessing(root, model)
     return model.to(map_location)
+
+
+def load_preprocessing(root: Path, model: torch.nn.Module) -> dict[str, Any] | None:
+    """The checkpoint folder's ``preprocessing.json`` (None when it has none), checked the way every reader uses it
+    (``vla.predict.checkpoint_preprocessing`` for each embodiment): a damaged file is an error naming it here,
+    not a bare JSON or ``int()`` message later."""
+    pre = root / PREPROCESSING
+    if not pre.is_file():
+        return None
+    fix = "restore it or re-save the checkpoint"
+    try:
+        saved = json.loads(pre.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{pre}: not valid JSON ({e}); {fix}") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{pre}: a JSON {type(saved).__name__} where an object belongs; {fix}")
+    from vla.predict import checkpoint_preprocessing
+
+    previous = getattr(model, "preprocessing", None)
+    model.preprocessing = saved
+    try:
+        for name in model.embodiment_ids:
+            checkpoint_preprocessing(model, name)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{pre}: a field does not parse ({type(e).__name__}: {e}); {fix}") from None
+    finally:
+        model.preprocessing = previous
+    return saved
 
 
 def load_norm_stats(root: Path) -> StatsFile | None:
