@@ -190,7 +190,10 @@ def test_embodiment_not_in_the_model(
     ckpt = init_checkpoint(tmp_path / "franka", "--embodiment", "franka_oxe_joint", capsys=capsys)
     rc, _, err = run_cli(capsys, "model", "predict", ckpt, dataset, "--episode", 0, "--frame", 0)
     assert rc == 2
-    assert EMBODIMENT in err and "franka_oxe_joint" in err and "vla finetune" in err
+    assert EMBODIMENT in err and "franka_oxe_joint" in err
+    # the suggested command is one vla finetune accepts (it named a positional dataset it has not)
+    fix = f"vla finetune {ckpt.resolve()} --embodiment {EMBODIMENT} --run-dir RUN --set data.datasets=[{dataset}]"
+    assert fix in err, err
 
 
 def test_checkpoint_without_stats(
@@ -231,6 +234,23 @@ def test_episode_or_frame_out_of_range(
         capsys, "model", "predict", checkpoint, dataset, "--episode", episode, "--frame", frame
     )
     assert rc == 2 and out == "" and message in err
+
+
+def test_a_damaged_episode_refuses_only_itself(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One episode's file truncated (LeRobot v2.1: a parquet file per episode): the others still predict, and
+    asking for the damaged one names it (before: every episode was refused, pointing to a setting predict lacks)."""
+    ds = make_lerobot_dataset(
+        tmp_path / "v21", num_episodes=len(LENGTHS), episode_length=LENGTHS, cameras={"front": (24, 32)},
+        state_dim=SPEC.state_dim, action_dim=A, fps=5, video=False, robot_type=EMBODIMENT, version="v2.1",
+    )  # fmt: skip
+    damaged = sorted((ds / "data").rglob("episode_000002.parquet"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    out = predict(capsys, checkpoint, ds, "--episode", 0, "--frame", 1)
+    assert out["episode"] == 0 and len(out["actions"][0]) == A
+    rc, _, err = run_cli(capsys, "model", "predict", checkpoint, ds, "--episode", 2, "--frame", 0)
+    assert rc == 2 and "episode 2 cannot be read" in err and "on_bad_sample" not in err, err
 
 
 def _write_preprocessing(folder: Path, **values: Any) -> None:

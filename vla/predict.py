@@ -103,6 +103,13 @@ def predict_frame(
     _check_embodiment(model, ckpt, embodiment, reader.path)
     pre = checkpoint_preprocessing(model, embodiment)
     source = _source(reader, split, pre)  # the episodes as training standardized them
+    if episode in source.unreadable:  # only the asked-for episode matters: the others may be damaged
+        from vla.data.readers.base import DatasetFormatError
+
+        raise DatasetFormatError(
+            f"{reader.path} split {split!r} episode {episode} cannot be read: {source.unreadable[episode]}. "
+            "Repair or re-export the dataset, or pick another episode"
+        )
     if pre.normalize:
         _check_stats(model, ckpt, embodiment, reader.path)
     cfg = _data_config(reader.path, split, pre)
@@ -170,12 +177,14 @@ def _check_episode_frame(reader: Any, split: str, episode: int, frame: int) -> N
 
 
 def _source(reader: Any, split: str, pre: Preprocessing | None = None) -> Source:
-    """The split as training standardized it (``pre``'s recorded options; the key map's defaults without them)."""
+    """The split as training standardized it (``pre``'s recorded options; the key map's defaults without them).
+    Unreadable episodes are listed in ``Source.unreadable``, not an error: one frame of one episode is read."""
     from vla.data.windows import build_source, standardize_options
 
     if pre is None or pre.standardize is None:
-        return build_source(reader, split)  # the key map's defaults
-    return build_source(reader, split, options=standardize_options(_data_config(reader.path, split, pre)))
+        return build_source(reader, split, on_bad_sample="skip")  # the key map's defaults
+    options = standardize_options(_data_config(reader.path, split, pre))
+    return build_source(reader, split, options=options, on_bad_sample="skip")
 
 
 def _standardize_config(pre: Preprocessing) -> StandardizeConfig:
@@ -190,8 +199,9 @@ def _check_embodiment(model: FlowVLA, ckpt: Path, embodiment: str, dataset: Path
     if embodiment not in model.embodiment_ids:
         raise ValueError(
             f"{dataset} is embodiment {embodiment!r}, but checkpoint {ckpt} has embodiments "
-            f"{sorted(model.embodiment_ids)}. Fine-tune it on this dataset first ('vla finetune {ckpt} {dataset}' "
-            "adds the embodiment), or pass a dataset of one of its embodiments."
+            f"{sorted(model.embodiment_ids)}. Fine-tune it on this dataset first, which adds the embodiment "
+            f"('vla finetune {ckpt} --embodiment {embodiment} --run-dir RUN --set data.datasets=[{dataset}]'), "
+            "or pass a dataset of one of its embodiments."
         )
 
 
