@@ -620,13 +620,20 @@ def test_held_out_episodes_are_the_validation_set(tmp_path: Path) -> None:
     assert [v["step"] for v in vals] == [2, 4] and all(v["val_loss/widowx_bridge"] > 0 for v in vals)
 
 
+def test_a_run_needs_a_run_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    from vla.cli import main
+
+    assert main(["train", "debug"]) == 2
+    assert "--run-dir DIR is required" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "preset", ["oxe_magic_soup_smolvlm2_500m", "oxe_droid_sim_smolvlm2_500m", "droid_paligemma2_3b"]
 )
 def test_real_backbone_presets_build_on_meta_and_report_counts(preset: str) -> None:
     """The cluster presets cannot run here (no weights), but they parse, build on the meta device from the
     published HF configs, and report parameter counts and a memory plan (`vla train PRESET --dry-run`)."""
-    r = run_cli(["train", preset, "--run-dir", "unused", "--dry-run", "--gpus", "8"])
+    r = run_cli(["train", preset, "--dry-run", "--gpus", "8"])  # the README's command: no run folder needed
     assert r.returncode == 0, r.stderr[-3000:]
     plan = json.loads(r.stdout)
     counts = plan["parameters"]

@@ -337,6 +337,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vla.train.trainer import train
 
     _train_logging()
+    if args.run_dir is None and not args.dry_run:
+        raise ValueError("vla train: --run-dir DIR is required (the run's checkpoints and metrics go there)")
     cfg = load_train_config(args.config, args.overrides)
     if args.dry_run:
         from vla.train.plan import dry_run, mixture_embodiments
@@ -603,7 +605,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "config", help="preset name under configs/train/ (debug, sim_pretrain, ...) or a YAML file"
     )
-    s.add_argument("--run-dir", required=True, help="run folder: checkpoints/, metrics.jsonl, config.yaml")
+    s.add_argument(
+        "--run-dir",
+        default=None,
+        help="run folder: checkpoints/, metrics.jsonl, config.yaml (required unless --dry-run)",
+    )
     s.add_argument(
         "--set",
         dest="overrides",
