@@ -1033,3 +1033,14 @@ def test_auto_compile_measures_and_a_failed_compile_trains_eagerly(
             load_train_config("debug", _args(wx, *frozen, "train.compile=always", steps=2, save_every=2)),
             tmp_path / "always",
         )
+
+
+def test_an_fsdp_launch_config_with_a_ddp_preset_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` with a preset that says ddp: before,
+    accelerate refused deep inside with "FSDP2 preparation should be done via accelerate.prepare()"."""
+    from vla.train.config import DistributedConfig
+    from vla.train.distributed import Runtime
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match=r"distributed\.strategy=ddp .*--set distributed\.strategy=fsdp2"):
+        Runtime.start(DistributedConfig(strategy="ddp"))

@@ -35,6 +35,14 @@ class Runtime:
         from accelerate import Accelerator
         from accelerate.utils import DistributedType
 
+        # `accelerate launch` with an FSDP config (configs/accelerate/fsdp2.yaml) sets ACCELERATE_USE_FSDP
+        fsdp_env = os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
+        if fsdp_env and cfg.strategy not in ("auto", "fsdp2"):
+            raise ValueError(
+                f"launched with an FSDP accelerate config (ACCELERATE_USE_FSDP=true, e.g. "
+                f"configs/accelerate/fsdp2.yaml) but distributed.strategy={cfg.strategy} (the preset's); pass "
+                "--set distributed.strategy=fsdp2 (or auto), or launch with configs/accelerate/ddp.yaml"
+            )
         world = int(os.environ.get("WORLD_SIZE", "1"))
         backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if world > 1 and not dist.is_initialized():
@@ -47,8 +55,7 @@ class Runtime:
         acc = Accelerator(cpu=not torch.cuda.is_available())
         strategy = cfg.strategy
         if strategy == "auto":
-            # `accelerate launch` with an FSDP config sets ACCELERATE_USE_FSDP; on CPU its state still says MULTI_CPU
-            fsdp_env = os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
+            # on CPU accelerate's state still says MULTI_CPU under an FSDP config: the variable decides
             if acc.distributed_type == DistributedType.FSDP or fsdp_env:
                 strategy = "fsdp2"
             else:
