@@ -6,8 +6,14 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from train_helpers import (
+    REPO,
     cli_env,
     count_attention_kernels,
     events,
@@ -1044,3 +1051,112 @@ def test_an_fsdp_launch_config_with_a_ddp_preset_is_one_clear_error(monkeypatch:
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(ValueError, match=r"distributed\.strategy=ddp .*--set distributed\.strategy=fsdp2"):
         Runtime.start(DistributedConfig(strategy="ddp"))
+
+
+# ---- stopping early (vla.train.stop) -------------------------------------------------------------------------
+def _launch_and_stop(
+    wx: Path, run: Path, stop: Callable[[subprocess.Popen], None], *extra: str
+) -> tuple[int, str, int]:
+    """``vla train debug`` (50 steps, a checkpoint only at the end) in its own process group, ``stop(proc)`` once
+    it has logged step 3; returns (exit status, stdout, the step it stopped at)."""
+    over = _args(wx, "optim.warmup_steps=1", *extra, steps=50, save_every=1000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(over)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO,
+        start_new_session=True,  # a group of its own: the test signals it as a scheduler signals a job
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").is_file() or len(metrics(run)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.05)
+        stop(proc)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = events(run, "stopped")
+    assert len(stopped) == 1, out[-3000:]
+    return proc.returncode, out, stopped[0]["step"]
+
+
+@pytest.mark.parametrize("how", ["sigterm_to_the_group", "stop_file"])
+def test_a_stopped_run_writes_a_checkpoint_at_its_step_and_resumes_there(
+    wx: Path, tmp_path: Path, how: str
+) -> None:
+    """SIGTERM to every process of the run (a scheduler's time limit, with 2 loader workers, which must not take the
+    run down with them), or ``touch RUN/STOP``: the step in progress ends, a checkpoint is written at that step, and
+    the relaunch goes on from it. Before: SIGTERM killed the run, losing every step since its last checkpoint."""
+    run = tmp_path / "run"
+
+    def sigterm(proc: subprocess.Popen) -> None:
+        os.killpg(proc.pid, signal.SIGTERM)
+
+    def stop_file(proc: subprocess.Popen) -> None:
+        (run / "STOP").touch()
+
+    rc, out, step = _launch_and_stop(
+        wx, run, sigterm if how == "sigterm_to_the_group" else stop_file, "data.num_workers=2"
+    )
+    assert rc == (143 if how == "sigterm_to_the_group" else 0), out[-3000:]
+    assert 3 <= step < 50 and f"stopped at step {step}" in out and "Traceback" not in out, out[-3000:]
+    assert [p.name for p in complete_steps(run)] == [step_dir_name(step)]
+    assert not (run / "STOP").exists()  # removed: the relaunch trains on
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(_args(wx, "optim.warmup_steps=1", steps=50,
+                                                                         save_every=1000))])  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert events(run, "resume")[-1]["step"] == step and latest_complete(run).name == step_dir_name(50)
+    assert [row["step"] for row in metrics(run)] == list(range(1, 51))  # each step once
+
+
+def test_a_stop_file_left_from_before_is_removed_at_start(wx: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "STOP").touch()
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(_args(wx, steps=2, save_every=2))])
+    assert r.returncode == 0 and "removed a STOP file left from before this launch" in r.stderr, r.stderr[
+        -3000:
+    ]
+    assert latest_complete(run).name == "step-0000002" and not events(run, "stopped")
+
+
+def test_the_slurm_script_asks_the_run_to_stop_before_the_time_limit_and_requeues(tmp_path: Path) -> None:
+    """``scripts/slurm/pretrain.sbatch`` under a stand-in SLURM (``srun`` and ``scontrol`` on PATH): the signal
+    SLURM sends ahead of the time limit (USR1, ``--signal=B:USR1@600``) creates RUN_DIR/STOP while the step runs,
+    and once the run has stopped cleanly the job is requeued."""
+    bin_dir, run = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    run.mkdir()
+    log = tmp_path / "calls.txt"
+    # srun: record its arguments, then "train" until the STOP file appears and stop cleanly, as vla train does
+    (bin_dir / "srun").write_text(
+        f'#!/bin/bash\necho "srun $*" >> {log}\n'
+        f"for i in $(seq 300); do [ -e {run}/STOP ] && rm {run}/STOP && exit 0; sleep 0.1; done\nexit 9\n"
+    )
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/bash\necho "scontrol $*" >> {log}\n[ "$1" = show ] && echo node-a && echo node-b\nexit 0\n'
+    )
+    for f in ("srun", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_GPUS_ON_NODE": "8", "SLURM_CPUS_PER_TASK": "96"}  # fmt: skip
+    script = REPO / "scripts" / "slurm" / "pretrain.sbatch"
+    proc = subprocess.Popen(
+        ["bash", str(script), "debug", str(run), "--set", "train.steps=10"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.is_file() and "srun" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)  # SLURM, 10 minutes before the limit
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    calls = log.read_text()
+    assert "--cpus-per-task=96" in calls and "--rdzv-endpoint node-a:24242" in calls
+    assert "-m vla.cli train debug --run-dir" in calls and "--set train.steps=10" in calls
+    assert "scontrol requeue 4242" in calls and "asking the run to stop" in out, (calls, out)

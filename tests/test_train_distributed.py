@@ -165,3 +165,36 @@ def test_a_second_launch_on_a_busy_run_folder_is_refused_on_every_rank(wx: Path,
     for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 2 and "is in use by another training process" in out, (rank, out[-3000:])
     assert not (run / "checkpoints").exists()  # nothing written by the refused launch
+
+
+def test_a_stop_file_stops_every_rank_at_the_same_step_with_a_checkpoint(wx: Path, tmp_path: Path) -> None:
+    """``touch RUN/STOP`` (what the SLURM script does ahead of the time limit): rank 0 sees it, every rank learns
+    it at the same step (one all-reduce per step), they write that step's checkpoint together and exit 0."""
+    import subprocess
+    import sys
+    import time
+
+    from train_helpers import REPO, cli_env, free_port, metrics
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "vla.cli", "train", "debug", "--run-dir", str(run),
+           *_sets(wx, "data.batch_size=2", "train.save_every=1000", steps=60)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").is_file() or len(metrics(run)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.05)
+        (run / "STOP").touch()
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    (stopped,) = events(run, "stopped")
+    assert 2 <= stopped["step"] < 60 and out.count(f"stopped at step {stopped['step']}") == 1, out[-3000:]
+    assert latest_complete(run).name == f"step-{stopped['step']:07d}"
+    assert not (run / "STOP").exists()

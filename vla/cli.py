@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from vla.models.policies.flow_vla import FlowVLA
+    from vla.train.trainer import TrainResult
 
 
 def _print_json(obj: object) -> None:
@@ -346,10 +347,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         names = args.embodiment or mixture_embodiments(cfg) or ["widowx_bridge"]
         _print_json(dry_run(cfg, names, gpus=args.gpus))
         return 0
-    result = train(cfg, args.run_dir)
-    if result.last_checkpoint is not None and int(os.environ.get("RANK", "0")) == 0:
-        print(f"done: step {result.step}, checkpoint {result.last_checkpoint}")
-    return 0
+    return _train_done(train(cfg, args.run_dir))
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
@@ -360,8 +358,24 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     _train_logging()
     spec = get_embodiment(args.embodiment)  # a registered name or a spec YAML (`vla embodiment draft`)
     cfg = load_finetune_config(args.preset, args.init, args.overrides)
-    result = train(cfg, args.run_dir, require_embodiment=spec.name)
-    if result.last_checkpoint is not None and int(os.environ.get("RANK", "0")) == 0:
+    return _train_done(train(cfg, args.run_dir, require_embodiment=spec.name))
+
+
+def _train_done(result: TrainResult) -> int:
+    """The last line of ``vla train``/``vla finetune`` (rank 0) and the exit status: 0 when the run reached
+    train.steps or was stopped by its STOP file, 143 when SIGTERM stopped it (vla.train.stop)."""
+    from vla.train.stop import SIGTERM_EXIT
+
+    main = int(os.environ.get("RANK", "0")) == 0
+    if result.stopped:
+        if main:
+            print(
+                f"stopped at step {result.step} ({result.stopped}): checkpoint {result.last_checkpoint}; run the "
+                "same command again to resume",
+                flush=True,
+            )
+        return SIGTERM_EXIT if result.stopped == "SIGTERM" else 0
+    if result.last_checkpoint is not None and main:
         print(f"done: step {result.step}, checkpoint {result.last_checkpoint}")
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -241,6 +242,8 @@ class VLALoader:
             persistent_workers=False,
             prefetch_factor=4 if self.cfg.num_workers else None,
             generator=self._generator(),
+            # a scheduler's SIGTERM reaches every process: the training process stops the run (vla.train.stop)
+            worker_init_fn=_ignore_sigterm,
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -720,3 +723,10 @@ def build_loader(
         stats=stats,
         stats_keys=stats_keys,
     )
+
+
+def _ignore_sigterm(_worker_id: int) -> None:
+    """``worker_init_fn`` of the loader's workers: a scheduler's SIGTERM reaches every process of a job, and a
+    worker killed by it would fail the training process (the DataLoader's SIGCHLD check) before it could write its
+    stop checkpoint (``vla.train.stop``); the workers end with the training process."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

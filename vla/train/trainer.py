@@ -52,6 +52,7 @@ from vla.train.logger import MetricsLogger
 from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
 from vla.train.optim import apply_settings, build_optimizer, build_scheduler
 from vla.train.optim import settings as optimizer_settings
+from vla.train.stop import StopRequests
 from vla.types import Batch
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ class TrainResult:
     step: int
     last_checkpoint: Path | None
     final_loss: float | None
+    # why the run stopped before train.steps (vla.train.stop: "SIGTERM", the STOP file), None when it did not
+    stopped: str | None = None
 
 
 def _peak_rss_mb() -> float:
@@ -593,7 +596,10 @@ class Trainer:
         batches = self._batches()
         self.wrapped.train()
         window: list[tuple[float, float]] = []
+        stopped: str | None = None
+        stop = StopRequests(self.run_dir, is_main=rt.is_main, all_true=rt.all_true)
         try:
+            stop.__enter__()
             if self.val_loader is not None and cfg.train.val_at_start and self.step == 0:
                 logger.event(0, "validation", **self.validate())
             while self.step < cfg.train.steps:
@@ -633,15 +639,21 @@ class Trainer:
                     window = []
                 if self.val_loader is not None and self.step % cfg.train.val_every == 0:
                     logger.event(self.step, "validation", **self.validate())
-                if self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
+                stopped = stop.check() if self.step < cfg.train.steps else None
+                if stopped or self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
                     last = self.save()
                     logger.event(self.step, "checkpoint", path=str(last))
                     if not stats_logged:  # once per launch: the stats cannot change within a run
                         logger.artifact("norm_stats", "stats", last / "norm_stats.json")
                         stats_logged = True
+                if stopped:
+                    logger.event(self.step, "stopped", reason=stopped, checkpoint=str(last))
+                    stop.done()
+                    break
         finally:
+            stop.__exit__()
             logger.close()
-        return TrainResult(self.run_dir, self.step, last, final_loss)
+        return TrainResult(self.run_dir, self.step, last, final_loss, stopped)
 
     def _check_table(self) -> None:
         version = getattr(self.model, "table_version", 0)
