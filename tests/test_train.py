@@ -627,6 +627,21 @@ def test_held_out_episodes_are_the_validation_set(tmp_path: Path) -> None:
     assert [v["step"] for v in vals] == [2, 4] and all(v["val_loss/widowx_bridge"] > 0 for v in vals)
 
 
+def test_fsdp2_memory_plan_counts_unsharded_gradients_under_gradient_accumulation() -> None:
+    """FSDP2 with gradient sync off between micro-batches keeps every unsharded float32 gradient (4 B/trainable
+    parameter, not divided by the GPUs); the working set is the two largest units gathered plus the largest
+    unit's gradient."""
+    from vla.train.plan import memory_plan
+
+    units = [(600, 600), (100, 100), (50, 0)]
+    one = memory_plan(1000, 800, gpus=8, strategy="fsdp2", ema=False, units=units, gathered_bytes=2)
+    two = memory_plan(
+        1000, 800, gpus=8, strategy="fsdp2", ema=False, units=units, gathered_bytes=2, grad_accum=2
+    )
+    assert one.working_set == 2 * (600 + 100) + 4 * 600 and one.accumulated_grads == 0
+    assert two.accumulated_grads == 4 * 800 and two.total == one.total + 4 * 800
+
+
 def test_a_run_needs_a_run_folder(capsys: pytest.CaptureFixture[str]) -> None:
     from vla.cli import main
 
@@ -657,6 +672,8 @@ def test_real_backbone_presets_build_on_meta_and_report_counts(preset: str) -> N
         assert 410e6 < counts["vision"]["total"] < 420e6 and 2.5e9 < counts["language"]["total"] < 2.6e9
         assert counts["all"]["trainable"] == counts["all"]["total"]
         assert plan["frozen_params_held_in_bf16"] == 0  # nothing frozen
+        # FSDP2's largest unit is the 256k x 2304 token embedding, not a decoder layer (the plan counted only layers)
+        assert 580e6 < plan["largest_fsdp2_unit_params"] < 600e6
     ddp, fsdp = plan["memory_per_gpu_gib"]
     assert fsdp["total_gib"] < ddp["total_gib"] / 4  # sharded over 8 GPUs
     assert len(plan["embodiments"]) >= 1
