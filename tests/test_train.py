@@ -1137,22 +1137,36 @@ def test_a_stop_file_left_from_before_is_removed_at_start(wx: Path, tmp_path: Pa
     assert latest_complete(run).name == "step-0000002" and not events(run, "stopped")
 
 
-def test_the_slurm_script_asks_the_run_to_stop_before_the_time_limit_and_requeues(tmp_path: Path) -> None:
+@pytest.mark.parametrize("outcome", ["stopped", "finished"])
+def test_the_slurm_script_asks_the_run_to_stop_before_the_time_limit_and_requeues(
+    tmp_path: Path, outcome: str
+) -> None:
     """``scripts/slurm/pretrain.sbatch`` under a stand-in SLURM (``srun`` and ``scontrol`` on PATH): the signal
-    SLURM sends ahead of the time limit (USR1, ``--signal=B:USR1@600``) creates RUN_DIR/STOP while the step runs,
-    and once the run has stopped cleanly the job is requeued."""
+    SLURM sends ahead of the time limit (USR1, ``--signal=B:USR1@600``) creates RUN_DIR/STOP while the step runs;
+    a run that then stopped (its last metrics row the "stopped" event) is requeued, one that finished is not."""
     bin_dir, run = tmp_path / "bin", tmp_path / "run"
     bin_dir.mkdir()
     run.mkdir()
     log = tmp_path / "calls.txt"
-    # srun: record its arguments, then "train" until the STOP file appears and stop cleanly, as vla train does
-    (bin_dir / "srun").write_text(
-        f'#!/bin/bash\necho "srun $*" >> {log}\n'
-        f"for i in $(seq 300); do [ -e {run}/STOP ] && rm {run}/STOP && exit 0; sleep 0.1; done\nexit 9\n"
+    last_row = (
+        {"step": 3, "event": "stopped"} if outcome == "stopped" else {"step": 10, "event": "checkpoint"}
     )
-    (bin_dir / "scontrol").write_text(
-        f'#!/bin/bash\necho "scontrol $*" >> {log}\n[ "$1" = show ] && echo node-a && echo node-b\nexit 0\n'
-    )
+    # srun: record its arguments, wait for the STOP file, remove it and end the way vla train does
+    srun = [
+        "#!/bin/bash",
+        f'echo "srun $*" >> {log}',
+        f"for i in $(seq 300); do [ -e {run}/STOP ] && rm {run}/STOP && break; sleep 0.1; done",
+        f"echo '{json.dumps(last_row)}' >> {run}/metrics.jsonl",
+        "exit 0",
+    ]
+    (bin_dir / "srun").write_text("\n".join(srun) + "\n")
+    scontrol = [
+        "#!/bin/bash",
+        f'echo "scontrol $*" >> {log}',
+        '[ "$1" = show ] && echo node-a && echo node-b',
+        "exit 0",
+    ]
+    (bin_dir / "scontrol").write_text("\n".join(scontrol) + "\n")
     for f in ("srun", "scontrol"):
         (bin_dir / f).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
@@ -1176,4 +1190,88 @@ def test_the_slurm_script_asks_the_run_to_stop_before_the_time_limit_and_requeue
     calls = log.read_text()
     assert "--cpus-per-task=96" in calls and "--rdzv-endpoint node-a:24242" in calls
     assert "-m vla.cli train debug --run-dir" in calls and "--set train.steps=10" in calls
-    assert "scontrol requeue 4242" in calls and "asking the run to stop" in out, (calls, out)
+    assert "asking the run to stop" in out, out
+    assert ("scontrol requeue 4242" in calls) == (outcome == "stopped"), (calls, out)
+
+
+def test_a_sigterm_during_a_scheduled_checkpoint_stops_on_that_checkpoint(wx: Path, tmp_path: Path) -> None:
+    """SIGTERM while step 5's checkpoint is written (held open by the test hook): the run stops on that checkpoint
+    instead of training one more step and writing a second one (before: step 6 written too, twice the write in a
+    scheduler's grace period)."""
+    run = tmp_path / "run"
+    over = _args(wx, "optim.warmup_steps=1", steps=300, save_every=5)
+    env = {**cli_env(), "VLA_TEST_CHECKPOINT_STALL": "4", "VLA_TEST_CHECKPOINT_STALL_STEP": "5"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(over)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / CHECKPOINTS / ".step-0000005.partial").is_dir():  # step 5's write, held for 4 s
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    assert [e["step"] for e in events(run, "stopped")] == [5], out[-3000:]
+    assert [p.name for p in complete_steps(run)] == ["step-0000005"]
+    assert [row["step"] for row in metrics(run)] == [1, 2, 3, 4, 5]
+
+
+def test_stop_requests_keep_a_stop_file_made_during_start_up_and_take_repeated_sigterms_as_one(
+    tmp_path: Path,
+) -> None:
+    """A STOP file created after the launch began (during a start-up that takes minutes on a cluster) is obeyed,
+    one older than the launch is removed; SIGTERMs milliseconds apart (the scheduler's to every process, torchrun's
+    forwarded one) are one request, not "stop at once" (before: the second killed the run inside its stop
+    checkpoint)."""
+    from vla.train import stop as stop_mod
+
+    stop_file = tmp_path / "STOP"
+    stop_file.touch()
+    os.utime(stop_file, (time.time() - 3600,) * 2)  # from an earlier launch
+    stop_mod.mark_launch()
+    with stop_mod.StopRequests(tmp_path, is_main=True, all_true=lambda ok: ok) as stop:
+        assert not stop_file.exists() and stop.check() is None
+    stop_mod.mark_launch()
+    stop_file.touch()  # during this launch's start-up
+    with stop_mod.StopRequests(tmp_path, is_main=True, all_true=lambda ok: ok) as stop:
+        assert stop_file.exists() and stop.check() == f"{stop_file} exists"
+        stop.done()
+    assert not stop_file.exists()
+    with stop_mod.StopRequests(tmp_path, is_main=True, all_true=lambda ok: ok) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # the same request by a second path: this process lives on
+        assert stop.check() == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is not stop._on_sigterm  # restored
+
+
+def test_a_wandb_failure_mid_run_turns_wandb_off_instead_of_stopping_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """wandb's service process killed by a job-wide signal made every later ``log`` raise ConnectionResetError,
+    which ended the run without its stop checkpoint; now one warning, and metrics.jsonl keeps every row."""
+    from vla.train.config import LoggingConfig
+    from vla.train.logger import MetricsLogger
+
+    class LostService:
+        def log(self, *args: Any, **kwargs: Any) -> None:
+            raise ConnectionResetError("Connection lost")
+
+        def finish(self) -> None:
+            raise ConnectionResetError("Connection lost")
+
+    logger = MetricsLogger(
+        LoggingConfig(progress=False), tmp_path, enabled=True, total_steps=3, start_step=0, config={}
+    )
+    logger._wandb = LostService()
+    with caplog.at_level(logging.WARNING):
+        logger.log(1, {"loss": 1.0})
+        logger.log(2, {"loss": 0.5})
+        logger.event(2, "checkpoint", path="x")
+        logger.close()
+    assert caplog.text.count("wandb failed (ConnectionResetError") == 1
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]

@@ -198,3 +198,50 @@ def test_a_stop_file_stops_every_rank_at_the_same_step_with_a_checkpoint(wx: Pat
     assert 2 <= stopped["step"] < 60 and out.count(f"stopped at step {stopped['step']}") == 1, out[-3000:]
     assert latest_complete(run).name == f"step-{stopped['step']:07d}"
     assert not (run / "STOP").exists()
+
+
+def test_sigterm_to_one_rank_stops_every_rank_with_the_same_exit_status(wx: Path, tmp_path: Path) -> None:
+    """SIGTERM reaches rank 1 only (a node's share of a preemption): both ranks write the checkpoint of the same
+    step and both exit 143. Before, rank 0 exited 0, so a supervisor saw that node finished and never restarted
+    it. Ranks started as a per-rank launcher starts them, so each exit status is seen."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from train_helpers import REPO, cli_env, free_port, metrics
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run),
+           *_sets(wx, "data.batch_size=2", "train.save_every=1000", steps=300)]  # fmt: skip
+    dist_env = {
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    procs = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**cli_env(), **dist_env, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").is_file() or len(metrics(run)) < 2:
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [143, 143], [o[-2000:] for o in outs]
+    (stopped,) = events(run, "stopped")
+    assert stopped["reason"] == "SIGTERM" and latest_complete(run).name == f"step-{stopped['step']:07d}"

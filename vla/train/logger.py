@@ -10,6 +10,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +89,15 @@ class MetricsLogger:
             return
         row = {"step": step, "time": round(time.perf_counter() - self.t0, 3), **metrics}
         self._file.write(json.dumps(row) + "\n")
-        if self._wandb is not None:
-            self._wandb.log({k: v for k, v in row.items() if isinstance(v, int | float)}, step=step)
-        done = step - self.start_step
-        rate = done / max(row["time"], 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else 0.0
+        self._to_wandb(
+            lambda w: w.log({k: v for k, v in row.items() if isinstance(v, int | float)}, step=step)
+        )
+        # from the steps' own time (the row's window), not the time since launch, which counts start-up
+        step_time = metrics.get("step_time_s")
+        if step_time is None:
+            done = step - self.start_step
+            step_time = row["time"] / done if done > 0 else 0.0
+        eta = (self.total - step) * step_time
         summary = {
             "loss": f"{metrics.get('loss', float('nan')):.4f}",
             "lr": f"{metrics.get('lr', 0.0):.2e}",
@@ -111,8 +116,10 @@ class MetricsLogger:
         if not self.enabled:
             return
         self._file.write(json.dumps({"step": step, "event": message, **fields}) + "\n")
-        if self._wandb is not None and fields:
-            self._wandb.log({k: v for k, v in fields.items() if isinstance(v, int | float)}, step=step)
+        if fields:
+            self._to_wandb(
+                lambda w: w.log({k: v for k, v in fields.items() if isinstance(v, int | float)}, step=step)
+            )
         text = f"step {step}: {message}" + "".join(f" {k}={v}" for k, v in fields.items())
         if self._bar is not None:
             self._bar.write(text)
@@ -125,17 +132,33 @@ class MetricsLogger:
             return
         import wandb
 
-        art = wandb.Artifact(name, type=kind)
-        art.add_file(str(path))
-        self._wandb.log_artifact(art)
+        def log_artifact(w: Any) -> None:
+            art = wandb.Artifact(name, type=kind)
+            art.add_file(str(path))
+            w.log_artifact(art)
+
+        self._to_wandb(log_artifact)
+
+    def _to_wandb(self, call: Callable[[Any], object]) -> None:
+        """``call(run)`` on the wandb run, if any; a failure (its service process killed by a job-wide signal, a lost
+        connection) turns wandb off for the rest of the run with one warning: it never stops training, and
+        ``metrics.jsonl`` keeps every row."""
+        if self._wandb is None:
+            return
+        try:
+            call(self._wandb)
+        except Exception as e:
+            log.warning(
+                "wandb failed (%s: %s); logging to metrics.jsonl only from now on", type(e).__name__, e
+            )
+            self._wandb = None
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
         if self._file is not None:
             self._file.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        self._to_wandb(lambda w: w.finish())
 
 
 def _init_wandb(cfg: LoggingConfig, run_dir: Path, config: dict[str, Any]) -> Any:

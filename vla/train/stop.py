@@ -11,11 +11,18 @@ eviction, ``torchrun`` passing its own SIGTERM on), then kills them some seconds
 * **A ``STOP`` file in the run folder** (``touch RUN/STOP``): the same at the next step boundary, exit 0. Made
   for schedulers that can signal a job ahead of its end: ``scripts/slurm/pretrain.sbatch`` asks SLURM for a
   signal ten minutes before the time limit, creates the file, and requeues the job once the run has stopped.
-  The run removes the file when it stops; a launch that finds one left from before removes it with a warning
-  (else every relaunch would stop after one step).
+  The run removes the file when it stops or ends; a launch that finds one older than itself removes it with a
+  warning (else every relaunch would stop after one step), and one created during its start-up is obeyed.
+
+A second SIGTERM more than a few seconds after the first kills the process at once (the previous checkpoint
+stays); repeats within them are the same request arriving by several paths (a scheduler signals every process of
+the job, and torchrun forwards its own). Every rank of a run stopped by SIGTERM on any rank exits 143, so a
+supervisor sees one outcome. Under ``torchrun``, torchrun's own exit status is 1 when it was sent the SIGTERM
+itself (its ``SignalException``), whatever the workers did.
 
 The ranks agree once per step (an all-reduce of one flag, after the step's own synchronization), so all of them
-stop at the same step, whichever rank got the signal or saw the file. The loader's worker processes ignore
+stop at the same step, whichever rank got the signal or saw the file; a request that arrives while a scheduled
+checkpoint is written stops the run on that checkpoint. The loader's worker processes ignore
 SIGTERM (``vla.data.loader._ignore_sigterm``): a scheduler signals every process of the job, and a worker killed by it would make
 the training process fail before it could write the checkpoint; the workers end with it.
 """
@@ -33,6 +40,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 STOP_FILE = "STOP"
+#: a SIGTERM this soon after the first is the same request arriving twice (a scheduler signals every process of
+#: the job and torchrun forwards its own: milliseconds apart), not a second one asking to die at once
+_REPEAT_S = 5.0
+_launched_at = time.time()
+_CLOCK_SLACK_S = 2.0
+
+
+def mark_launch() -> None:
+    """Note when this launch started (``vla.train.trainer.train`` calls it first): a STOP file older than that was
+    left from before and is removed; one created during start-up (model build, index, resume: minutes on a
+    cluster) stops the run after its first step."""
+    global _launched_at
+    _launched_at = time.time()
+
+
 #: seconds between two looks for the STOP file (a stat on a shared filesystem costs up to milliseconds)
 _FILE_EVERY_S = 1.0
 #: exit status of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if killed by it)
@@ -49,12 +71,18 @@ class StopRequests:
         self.file = Path(run_dir) / STOP_FILE
         self.is_main, self.all_true = is_main, all_true
         self.signalled = False
+        self.first_signal = 0.0
         self.file_seen = False
         self._next_look = 0.0
         self._previous: Any = None
 
     def __enter__(self) -> StopRequests:
-        if self.is_main and self.file.exists():
+        try:
+            # file times come from a coarse clock (a jiffy behind time.time()) or another host's: a margin
+            stale = self.is_main and self.file.stat().st_mtime < _launched_at - _CLOCK_SLACK_S
+        except FileNotFoundError:
+            stale = False
+        if stale:
             log.warning(
                 "%s: removed a STOP file left from before this launch (it would have stopped the run after its "
                 "first step); touch it again to stop this run",
@@ -71,10 +99,12 @@ class StopRequests:
             self._previous = None
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.signalled:  # a second SIGTERM: stop now, as without the handler
+        now = time.monotonic()
+        if self.signalled and now - self.first_signal > _REPEAT_S:  # asked again, later: stop now
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.raise_signal(signal.SIGTERM)
-        self.signalled = True
+        if not self.signalled:
+            self.signalled, self.first_signal = True, now
 
     def _file_now(self) -> bool:
         if not self.is_main or self.file_seen:
@@ -90,11 +120,11 @@ class StopRequests:
         local = self.signalled or self._file_now()
         if self.all_true(not local):
             return None
-        if self.signalled:
+        # a second agreement (only when stopping): whether any rank got SIGTERM, so every rank exits alike (143);
+        # a rank exiting 0 would look finished to a supervisor, and the job would not be restarted
+        if not self.all_true(not self.signalled):
             return "SIGTERM"
-        if self.file_seen:
-            return f"{self.file} exists"
-        return "another rank was asked to stop"
+        return f"{self.file} exists"
 
     def done(self) -> None:
         """The run stopped: remove the STOP file (rank 0), so the relaunch trains on."""

@@ -52,7 +52,7 @@ from vla.train.logger import MetricsLogger
 from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
 from vla.train.optim import apply_settings, build_optimizer, build_scheduler
 from vla.train.optim import settings as optimizer_settings
-from vla.train.stop import StopRequests
+from vla.train.stop import StopRequests, mark_launch
 from vla.types import Batch
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,27 @@ class TrainResult:
     final_loss: float | None
     # why the run stopped before train.steps (vla.train.stop: "SIGTERM", the STOP file), None when it did not
     stopped: str | None = None
+
+
+class _WindowMeans:
+    """Running means of the loss metrics (``loss``, ``loss/<embodiment>``, ``loss_dataset/<name>``) over the steps
+    since the last logged row; an embodiment or dataset absent from some steps' batches is averaged over the steps
+    it was in."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, list[float]] = {}
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        for k, v in metrics.items():
+            if k == "loss" or k.startswith(("loss/", "loss_dataset/")):
+                acc = self.sums.setdefault(k, [0.0, 0])
+                acc[0] += float(v)
+                acc[1] += 1
+
+    def take(self) -> dict[str, float]:
+        out = {k: total / n for k, (total, n) in self.sums.items()}
+        self.sums = {}
+        return out
 
 
 def _peak_rss_mb() -> float:
@@ -596,6 +617,7 @@ class Trainer:
         batches = self._batches()
         self.wrapped.train()
         window: list[tuple[float, float]] = []
+        losses = _WindowMeans()
         stopped: str | None = None
         stop = StopRequests(self.run_dir, is_main=rt.is_main, all_true=rt.all_true)
         try:
@@ -619,41 +641,62 @@ class Trainer:
                 self.samples_seen += self.global_batch
                 step_time = time.perf_counter() - t0
                 window.append((step_time, wait))
+                losses.add(metrics)
                 final_loss = metrics["loss"]
-                if self.step % cfg.logging.every == 0 or self.step == cfg.train.steps:
-                    mean_t = sum(w[0] for w in window) / len(window)
-                    mean_w = sum(w[1] for w in window) / len(window)
-                    metrics.update(
-                        lr=self.optimizer.param_groups[0]["lr"],
-                        **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
-                        step_time_s=round(mean_t, 5),
-                        data_wait_s=round(mean_w, 5),
-                        data_wait_frac=round(mean_w / mean_t, 4) if mean_t else 0.0,
-                        samples_per_s=round(self.global_batch / mean_t, 3) if mean_t else 0.0,
-                        samples_seen=self.samples_seen,
-                        epoch=self.loader.epoch,
-                        peak_rss_mb=round(_peak_rss_mb(), 1),
-                        **rt.memory_stats(),
-                    )
-                    logger.log(self.step, metrics)
-                    window = []
-                if self.val_loader is not None and self.step % cfg.train.val_every == 0:
-                    logger.event(self.step, "validation", **self.validate())
+                # every rank learns at the same step whether any was asked to stop (vla.train.stop)
                 stopped = stop.check() if self.step < cfg.train.steps else None
+                logged = False
+                if stopped or self.step % cfg.logging.every == 0 or self.step == cfg.train.steps:
+                    self._log_window(logger, metrics, window, losses)
+                    window, logged = [], True
+                if not stopped and self.val_loader is not None and self.step % cfg.train.val_every == 0:
+                    logger.event(self.step, "validation", **self.validate())
                 if stopped or self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
                     last = self.save()
                     logger.event(self.step, "checkpoint", path=str(last))
                     if not stats_logged:  # once per launch: the stats cannot change within a run
                         logger.artifact("norm_stats", "stats", last / "norm_stats.json")
                         stats_logged = True
+                    if not stopped and self.step < cfg.train.steps:
+                        # asked during the write (a scheduler's SIGTERM): stop on this checkpoint, not one more
+                        stopped = stop.check()
+                        if stopped and not logged:
+                            self._log_window(logger, metrics, window, losses)
                 if stopped:
                     logger.event(self.step, "stopped", reason=stopped, checkpoint=str(last))
-                    stop.done()
                     break
+            stop.done()  # stopped, or finished while a STOP file was being created: the relaunch trains on
         finally:
             stop.__exit__()
             logger.close()
         return TrainResult(self.run_dir, self.step, last, final_loss, stopped)
+
+    def _log_window(
+        self,
+        logger: MetricsLogger,
+        metrics: dict[str, Any],
+        window: list[tuple[float, float]],
+        losses: _WindowMeans,
+    ) -> None:
+        """One metrics row for the steps since the last: the losses averaged over them (a single step's loss is
+        noisy), step time and data wait averaged, the rest (grad norm, lr) as of this step."""
+        rt = self.rt
+        mean_t = sum(w[0] for w in window) / len(window)
+        mean_w = sum(w[1] for w in window) / len(window)
+        metrics = {**metrics, **losses.take()}
+        metrics.update(
+            lr=self.optimizer.param_groups[0]["lr"],
+            **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
+            step_time_s=round(mean_t, 5),
+            data_wait_s=round(mean_w, 5),
+            data_wait_frac=round(mean_w / mean_t, 4) if mean_t else 0.0,
+            samples_per_s=round(self.global_batch / mean_t, 3) if mean_t else 0.0,
+            samples_seen=self.samples_seen,
+            epoch=self.loader.epoch,
+            peak_rss_mb=round(_peak_rss_mb(), 1),
+            **rt.memory_stats(),
+        )
+        logger.log(self.step, metrics)
 
     def _check_table(self) -> None:
         version = getattr(self.model, "table_version", 0)
@@ -746,6 +789,7 @@ def train(
 ) -> TrainResult:
     """Run (or resume) a training run in ``run_dir``; returns where it ended. One run trains in a folder at a time
     (``checkpoint.run_dir_lock``)."""
+    mark_launch()  # a STOP file older than this was left from before (vla.train.stop)
     env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, before any process waits for another
     # the process group first: every rank learns whether rank 0 got the folder, and all refuse together
     rt = Runtime.start(cfg.distributed)
