@@ -196,6 +196,26 @@ def test_bad_requests_name_the_key(msg: dict[str, Any], message: str) -> None:
         to_observation(msg, SERVED, limits)
 
 
+def _nested(depth: int) -> list[Any]:
+    """``[[[...[0.0]...]]]``, ``depth`` lists deep."""
+    value: Any = 0.0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_openvlas_deploy_payload_with_its_unnorm_key_is_taken() -> None:
+    """OpenVLA's deploy script sends ``unnorm_key`` with the image; it was refused as an unexpected key."""
+    msg = {
+        "image": np.zeros((4, 4, 3), np.uint8),
+        "state": np.zeros(8),
+        "instruction": "x",
+        "unnorm_key": "bridge",
+    }
+    obs, _ = to_observation(msg, SERVED, Limits(), default="sim_panda")
+    assert set(obs.images) == {"primary"} and obs.prompt == "x"
+
+
 @pytest.mark.parametrize(
     ("msg", "message"),
     [
@@ -219,6 +239,11 @@ def test_bad_requests_name_the_key(msg: dict[str, Any], message: str) -> None:
         ({"observation/state": np.zeros(8)}, "a LIBERO-style request needs at least one image"),
         ({"observation/joint_position": np.zeros(7), "observation/gripper_position": 0.5},
          "a DROID-style request needs at least one image"),
+        # nested far deeper than a state is (before: a RecursionError, an internal error and a 2,000-line traceback)
+        ({"images": {"primary": np.zeros((2, 2, 3), np.uint8)}, "state": _nested(330)}, "nested over 4 deep"),
+        ({"observation/exterior_image_1_left": np.zeros((2, 2, 3), np.uint8),
+          "observation/joint_position": np.zeros(7), "observation/gripper_position": _nested(500)},
+         "'observation/gripper_position' must be a flat list"),
     ],
 )  # fmt: skip
 def test_malformed_state_values_are_client_errors_naming_the_key(msg: dict[Any, Any], message: str) -> None:
@@ -238,7 +263,8 @@ def test_api_key_file_and_header_check(tmp_path: Path) -> None:
     assert key == "0123456789abcdefXYZ"
     assert authorized(f"Api-Key {key}", key) and authorized(None, None)
     assert not authorized(None, key) and not authorized(key, key) and not authorized(f"Api-Key {key}x", key)
-    assert not authorized(f"Bearer {key}", key) and not authorized(f"Api-Key  {key}", key)
+    assert not authorized(f"Bearer {key}", key)
+    assert authorized(f"Api-Key  {key}", key)  # RFC 9110: 1*SP after the scheme
     assert authorized(f"api-key {key}", key) and authorized(
         f"API-KEY {key}", key
     )  # schemes are case-insensitive
@@ -248,6 +274,16 @@ def test_api_key_file_and_header_check(tmp_path: Path) -> None:
         load_api_key(f)
     with pytest.raises(ValueError, match="cannot read it"):
         load_api_key(tmp_path / "missing")
+    # a byte-order mark (PowerShell's Out-File -Encoding utf8) is not part of the key; before, the server started
+    # and no request ever matched
+    f.write_bytes(b"\xef\xbb\xbf0123456789abcdefXYZ\r\n")
+    assert load_api_key(f) == "0123456789abcdefXYZ"
+    f.write_text("0123456789abcdef\u00e9XYZ", encoding="utf-8")  # not sendable as is in a header: refused
+    with pytest.raises(ValueError, match="an HTTP header cannot carry"):
+        load_api_key(f)
+    f.write_bytes(b"\xff0123456789abcdefXYZ")
+    with pytest.raises(ValueError, match=f"--api-key-file {f}: not UTF-8"):
+        load_api_key(f)
 
 
 def test_client_imports_no_torch() -> None:

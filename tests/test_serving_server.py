@@ -216,6 +216,40 @@ def test_rest_requests_in_progress_count_against_the_connection_limit(
         assert run.post(body)[0] == 200
 
 
+def _metric(run: Running, name: str) -> float:
+    with urllib.request.urlopen(run.http + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return next(
+        float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln[:1] != "#") if k == name
+    )
+
+
+def test_a_rest_body_that_stalls_is_answered_408_and_frees_its_slot(policy: Any) -> None:
+    """A client that sends a POST's headers and one byte of its body, then nothing: after the body timeout it gets
+    408 and its slot is free again. Before, it held a --max-connections slot forever (64 such sockets locked every
+    robot out), and nothing in /metrics showed it."""
+    body = json.dumps(_request(policy), default=encode_json_numpy)
+    with running(policy, max_connections=1, body_timeout_s=3.0) as run:
+        host, port = run.url.removeprefix("ws://").rsplit(":", 1)
+        stalled = socket.create_connection((host, int(port)), timeout=30)
+        stalled.sendall(
+            f"POST /act HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n{".encode()
+        )
+        _wait(lambda: run.serving.rest_active == 1, "the stalled request in progress")
+        assert _metric(run, "vla_serve_rest_requests") == 1.0  # visible to an operator
+        status, refused = run.post(body)
+        assert status == 503 and "too many connections" in refused["error"]
+        answer = b""
+        while chunk := stalled.recv(4096):  # the server closes after its answer
+            answer += chunk
+        answer = answer.decode()
+        assert answer.startswith("HTTP/1.1 408") and "not received within 3 s" in answer, answer
+        stalled.close()
+        _wait(lambda: run.serving.rest_active == 0, "the slot freed")
+        assert run.post(body)[0] == 200
+
+
 # ---- keepalive ---------------------------------------------------------------------------------------------------
 def _raw_handshake(url: str) -> socket.socket:
     """A WebSocket handshake by hand on a plain socket, which then never reads again (a dead client)."""

@@ -10,6 +10,8 @@
 * ``vla_serve_queue_depth``                                    requests waiting for the model (gauge)
 * ``vla_serve_connections``                                    open WebSocket connections (gauge)
 * ``vla_serve_in_flight``                                      requests accepted and not yet answered (gauge)
+* ``vla_serve_rest_requests``                                  REST requests in progress, body still arriving
+  included: with ``vla_serve_connections`` what counts against ``--max-connections`` (gauge)
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class ServerMetrics:
         )
         self.connections = Gauge("vla_serve_connections", "Open WebSocket connections", registry=r)
         self.in_flight = Gauge("vla_serve_in_flight", "Requests accepted and not yet answered", registry=r)
+        self.rest_requests = Gauge(
+            "vla_serve_rest_requests",
+            "REST requests in progress (counted against --max-connections)",
+            registry=r,
+        )
         for kind in ERROR_KINDS:  # every kind shows up (at 0) from the start
             self.errors.labels(kind=kind)
 

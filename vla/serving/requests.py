@@ -86,11 +86,13 @@ def to_observation(
         images, state = _libero(msg, keys)
     elif keys & set(DROID_IMAGES) or "observation/joint_position" in keys:
         images, state = _droid(msg, keys)
-    elif "image" in keys:  # OpenVLA's deploy payload
-        _only(keys, {"image", "state"}, "OpenVLA-style")
+    elif (
+        "image" in keys
+    ):  # OpenVLA's deploy payload; its unnorm_key is taken and ignored: the server's stats apply
+        _only(keys, {"image", "state", "unnorm_key"}, "an OpenVLA-style")
         images, state = {"primary": msg["image"]}, _required(msg, "state")
     else:
-        _only(keys, {"images", "state"}, "canonical/ALOHA")
+        _only(keys, {"images", "state"}, "a canonical/ALOHA")
         images, state = _images_dict(_required(msg, "images")), _required(msg, "state")
     images = {slot: _image(f"image for slot {slot!r}", img, limits) for slot, img in images.items()}
     return Observation(images=images, state=_state(state), prompt=prompt, embodiment=embodiment), seed
@@ -143,7 +145,7 @@ def _only(keys: set[str], allowed: set[str], layout: str) -> None:
     extra = sorted(keys - allowed, key=str)  # a msgpack map may have int keys next to str ones
     if extra:
         raise RequestError(
-            f"unexpected key(s) {extra} in a {layout} request; accepted keys are {sorted(allowed)} plus "
+            f"unexpected key(s) {extra} in {layout} request; accepted keys are {sorted(allowed)} plus "
             f"{list(_COMMON)} (see the server's metadata frame 'observation_keys')"
         )
 
@@ -155,14 +157,16 @@ def _required(msg: dict[str, Any], key: str) -> Any:
 
 
 def _libero(msg: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], Any]:
-    _only(keys, {*LIBERO_IMAGES, "observation/state"}, "LIBERO-style")
+    _only(keys, {*LIBERO_IMAGES, "observation/state"}, "a LIBERO-style")
     images = {LIBERO_IMAGES[k]: msg[k] for k in LIBERO_IMAGES if k in msg}
     _some_image(images, LIBERO_IMAGES, "LIBERO-style")
     return images, _required(msg, "observation/state")
 
 
 def _droid(msg: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], Any]:
-    _only(keys, {*DROID_IMAGES, "observation/joint_position", "observation/gripper_position"}, "DROID-style")
+    _only(
+        keys, {*DROID_IMAGES, "observation/joint_position", "observation/gripper_position"}, "a DROID-style"
+    )
     images = {DROID_IMAGES[k]: msg[k] for k in DROID_IMAGES if k in msg}
     _some_image(images, DROID_IMAGES, "DROID-style")
     joints = _state(_required(msg, "observation/joint_position"), "observation/joint_position")
@@ -244,7 +248,7 @@ def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarra
         if value is None or value.dtype.kind not in "iuf":
             raise RequestError(
                 f"'{key}' must be a flat list of numbers (a float array [S]); got a list holding non-numbers "
-                "(strings, bools, bytes) or nested lists of unequal lengths"
+                f"(strings, bools, bytes), nested lists of unequal lengths, or nested over {_MAX_LIST_DEPTH} deep"
             ) from None
     if isinstance(value, np.generic):
         value = np.asarray(value)
@@ -256,13 +260,25 @@ def _state(value: Any, key: str = "state", *, scalar: bool = False) -> np.ndarra
     return value
 
 
+#: deepest nesting of a list state accepted ([S], [T, S] and a little room): a deeper one is refused before numpy
+#: or a recursive walk meets it (a 330-deep list made a RecursionError, a 500 and 100 KB of log per request)
+_MAX_LIST_DEPTH = 4
+
+
 def _numbers_only(value: Any) -> bool:
-    """Whether every leaf of nested lists/tuples is an int or float (not a bool), or a numpy array of ints or
-    floats (e.g. a 0-d gripper value next to the joints)."""
-    if isinstance(value, list | tuple):
-        return all(_numbers_only(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return value.dtype.kind in "iuf"
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
-        value, bool | np.bool_
-    )
+    """Whether every leaf of nested lists/tuples (at most ``_MAX_LIST_DEPTH`` deep) is an int or float (not a
+    bool), or a numpy array of ints or floats (e.g. a 0-d gripper value next to the joints). Iterative: no depth
+    reaches Python's recursion limit."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, list | tuple):
+            if depth >= _MAX_LIST_DEPTH:
+                return False
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, np.ndarray):
+            if v.dtype.kind not in "iuf":
+                return False
+        elif not isinstance(v, int | float | np.integer | np.floating) or isinstance(v, bool | np.bool_):
+            return False
+    return True

@@ -16,12 +16,26 @@ def load_api_key(path: str | Path) -> str:
     """The key in ``path`` (its first line, surrounding whitespace stripped); errors name the file and the fix."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors, PowerShell's Out-File) is not part of the key
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise ValueError(
             f"--api-key-file {path}: cannot read it ({e.strerror}); pass a readable file"
         ) from None
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"--api-key-file {path}: not UTF-8 text ({e.reason} at byte {e.start}); write the key as plain text"
+        ) from None
     key = text.strip().splitlines()[0].strip() if text.strip() else ""
+    bad = sorted({c for c in key if not "!" <= c <= "~"})
+    if (
+        bad
+    ):  # an HTTP header carries the key: printable ASCII only (a client would send other bytes differently)
+        raise ValueError(
+            f"--api-key-file {path}: the key holds {len(bad)} character(s) an HTTP header cannot carry as is "
+            f"(e.g. {bad[0]!r}); use printable ASCII without spaces, e.g. python -c 'import secrets; "
+            f"print(secrets.token_urlsafe(32))' > {path}"
+        )
     if len(key) < 16:
         raise ValueError(
             f"--api-key-file {path}: the key must be at least 16 characters on the first line, got "
@@ -35,7 +49,8 @@ def authorized(header: str | None, key: str | None) -> bool:
     are case-insensitive, RFC 9110 §11.1), the key exact (constant-time comparison)."""
     if key is None:
         return True
-    scheme, _, given = (header or "").partition(" ")
+    scheme, _, given = (header or "").strip().partition(" ")
+    given = given.lstrip(" ")  # RFC 9110: one or more spaces after the scheme
     scheme_ok = scheme.lower() == SCHEME.lower()
     key_ok = hmac.compare_digest(given.encode("utf-8", "replace"), key.encode())
     return scheme_ok and key_ok

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -77,6 +77,9 @@ class ServeOptions:
     # laptop or a cut cable would otherwise hold its connection slot forever); None: no pings
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
+    # a REST body not received within this many seconds is answered 408 and its connection slot freed (a client
+    # that stalls mid-body, or many of them, would otherwise hold --max-connections slots forever)
+    body_timeout_s: float = 30.0
 
 
 def _error_kind(e: BaseException) -> str:
@@ -311,30 +314,48 @@ class ServingApp:
             self.metrics.error("auth")
             return _unauthorized()
         if self.draining:
+            self.metrics.error("overloaded")
             return JSONResponse({"error": "server is shutting down", "kind": "overloaded"}, status_code=503)
         if self._full():
             self.metrics.error("limit")
             return JSONResponse({"error": self._too_many(), "kind": "limit"}, status_code=503)
         self.rest_active += 1
+        self.metrics.rest_requests.set(self.rest_active)
         try:
             return await self._act(request, received)
         finally:
             self.rest_active -= 1
+            self.metrics.rest_requests.set(self.rest_active)
 
     async def _act(self, request: Request, received: float) -> Response:
         limit = self.options.limits.max_frame_bytes
         body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                self.metrics.error("limit")
-                return JSONResponse(
-                    {
-                        "error": f"request body over the limit of {limit} bytes (--max-frame-mb)",
-                        "kind": "limit",
-                    },
-                    status_code=413,
-                )
+        try:
+            async with asyncio.timeout(self.options.body_timeout_s):
+                async for part in request.stream():
+                    body += part
+                    if len(body) > limit:
+                        self.metrics.error("limit")
+                        return JSONResponse(
+                            {
+                                "error": f"request body over the limit of {limit} bytes (--max-frame-mb)",
+                                "kind": "limit",
+                            },
+                            status_code=413,
+                        )
+        except TimeoutError:
+            self.metrics.error("limit")
+            return JSONResponse(
+                {
+                    "error": f"request body not received within {self.options.body_timeout_s:g} s "
+                    f"({len(body)} bytes arrived)",
+                    "kind": "limit",
+                },
+                status_code=408,
+                headers={"Connection": "close"},
+            )
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing to log
+            return Response(status_code=400)
         try:
             # seconds for a large body: on a worker thread, so the WebSocket clients keep being served meanwhile
             obs, seed = await asyncio.to_thread(lambda: self._observation(_decode_json(body)))
