@@ -274,7 +274,7 @@ def test_preprocessing_is_saved_with_the_checkpoint(tmp_path: Path) -> None:
         "image_size": 64,
         "obs_history": 1,
         "chunk_length": 6,
-        "stats_keys": {"widowx_bridge": "a"},
+        "stats_keys": {"a": {"state": "widowx_bridge", "action": "widowx_bridge"}},  # dataset -> its keys
     }
     save_pretrained(m, out)
     assert json.loads((out / "preprocessing.json").read_text()) == m.preprocessing
