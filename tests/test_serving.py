@@ -151,6 +151,11 @@ def test_ready_line_healthz_and_metadata(server: Server, policy: Policy, checkpo
     assert meta["protocol_version"] == 1 and set(meta["embodiments"]) == {"sim_panda", "widowx_bridge"}
     # the model's name, not the server's file layout
     assert meta["model"] == "tiny" and str(checkpoint.parent) not in json.dumps(meta), meta["model"]
+    assert (
+        meta["max_frame_bytes"] == 2**20
+        and meta["max_prompt_chars"] == 2000
+        and meta["max_image_side"] == 4096
+    )
     panda = meta["embodiments"]["sim_panda"]
     assert panda["chunk_length"] == policy.chunk_length("sim_panda") and panda["control_hz"] == 10.0
     assert panda["cameras"] == ["primary", "wrist"] and len(panda["action_names"]) == 8
@@ -384,7 +389,9 @@ def test_rest_act_json_numpy_and_lists(server: Server, policy: Policy) -> None:
         assert out["embodiment"] == "widowx_bridge" and len(out["safety"]["clamped"]) == want.shape[1]
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(server.http + "/act", as_numpy, headers={})
-    assert e.value.code == 401
+    assert (
+        e.value.code == 401 and json.loads(e.value.read())["kind"] == "auth"
+    )  # JSON like /act's other errors
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(
             server.http + "/act", json.dumps({**req, "state": [float("nan")] * 7}, default=encode_json_numpy)

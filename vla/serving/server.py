@@ -159,6 +159,9 @@ class ServingApp:
             **meta,
             "default_embodiment": self.default,
             "max_frame_bytes": self.options.limits.max_frame_bytes,
+            # the other request limits, so a client can check before sending (additive fields)
+            "max_prompt_chars": self.options.limits.max_prompt_chars,
+            "max_image_side": self.options.limits.max_image_side,
             "serving_mode": serving_mode,
             "max_batch": self.options.max_batch,
             "batch_window_ms": "auto" if self.batcher.adaptive else self.options.batch_window_ms,
@@ -299,7 +302,7 @@ class ServingApp:
     async def get_metadata(self, request: Request) -> Response:
         if not authorized(request.headers.get("authorization"), self.options.api_key):
             self.metrics.error("auth")
-            return _unauthorized()
+            return _unauthorized(as_json=True)
         return JSONResponse(_jsonable(self.metadata))
 
     async def get_metrics(self, request: Request) -> Response:
@@ -312,7 +315,7 @@ class ServingApp:
         received = time.perf_counter()
         if not authorized(request.headers.get("authorization"), self.options.api_key):
             self.metrics.error("auth")
-            return _unauthorized()
+            return _unauthorized(as_json=True)
         if self.draining:
             self.metrics.error("overloaded")
             return JSONResponse({"error": "server is shutting down", "kind": "overloaded"}, status_code=503)
@@ -380,12 +383,15 @@ def _decode_json(body: bytes | bytearray) -> Any:
         raise ProtocolError(f"malformed JSON body: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-def _unauthorized() -> Response:
-    return PlainTextResponse(
-        "unauthorized: send the header 'Authorization: Api-Key <key>'",
-        status_code=401,
-        headers={"WWW-Authenticate": "Api-Key"},
-    )
+_UNAUTHORIZED = "unauthorized: send the header 'Authorization: Api-Key <key>'"
+
+
+def _unauthorized(as_json: bool = False) -> Response:
+    """401 with the scheme to use; JSON (``{"error", "kind": "auth"}``) where the endpoint answers JSON."""
+    headers = {"WWW-Authenticate": "Api-Key"}
+    if as_json:
+        return JSONResponse({"error": _UNAUTHORIZED, "kind": "auth"}, status_code=401, headers=headers)
+    return PlainTextResponse(_UNAUTHORIZED, status_code=401, headers=headers)
 
 
 def _jsonable(obj: Any) -> Any:
