@@ -178,6 +178,23 @@ def test_diff_configs_splits_compatible_from_incompatible() -> None:
     assert bad == ["data.seed: None -> 5"] and ok == ["optim.eps: not recorded by the run -> 1e-08"]
 
 
+def test_a_fine_tune_base_written_another_way_is_the_same_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs started before the fine-tune base was resolved recorded it as typed (relative, through a symlink): the
+    same folder resolved is no change, so re-running the same `vla finetune` still resumes; another folder is."""
+    base = tmp_path / "runs" / "base"
+    base.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    old = _cfg_dict(["finetune.init=runs/base"])
+    for same in (str(base), str(tmp_path / "link" / "base"), "./runs/base"):
+        assert diff_configs(old, _cfg_dict([f"finetune.init={same}"])) == ([], []), same
+    (tmp_path / "other").mkdir()
+    bad, _ = diff_configs(old, _cfg_dict([f"finetune.init={tmp_path / 'other'}"]))
+    assert bad and bad[0].startswith("finetune.init:")
+
+
 def _cfg_dict(over: list[str]) -> dict:
     from vla.train.config import config_dict
 
@@ -1074,9 +1091,10 @@ def test_an_fsdp_launch_config_with_a_ddp_preset_is_one_clear_error(monkeypatch:
 def _launch_and_stop(
     wx: Path, run: Path, stop: Callable[[subprocess.Popen], None], *extra: str
 ) -> tuple[int, str, int]:
-    """``vla train debug`` (50 steps, a checkpoint only at the end) in its own process group, ``stop(proc)`` once
-    it has logged step 3; returns (exit status, stdout, the step it stopped at)."""
-    over = _args(wx, "optim.warmup_steps=1", *extra, steps=50, save_every=1000)
+    """``vla train debug`` (400 steps, a checkpoint only at the end: far more than a stop takes to be seen, even
+    on a fast machine) in its own process group, ``stop(proc)`` once it has logged step 3; returns (exit status,
+    stdout, the step it stopped at)."""
+    over = _args(wx, "optim.warmup_steps=1", *extra, steps=400, save_every=1000)
     proc = subprocess.Popen(
         [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(over)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO,
@@ -1116,14 +1134,15 @@ def test_a_stopped_run_writes_a_checkpoint_at_its_step_and_resumes_there(
         wx, run, sigterm if how == "sigterm_to_the_group" else stop_file, "data.num_workers=2"
     )
     assert rc == (143 if how == "sigterm_to_the_group" else 0), out[-3000:]
-    assert 3 <= step < 50 and f"stopped at step {step}" in out and "Traceback" not in out, out[-3000:]
+    assert 3 <= step < 400 and f"stopped at step {step}" in out and "Traceback" not in out, out[-3000:]
     assert [p.name for p in complete_steps(run)] == [step_dir_name(step)]
     assert not (run / "STOP").exists()  # removed: the relaunch trains on
-    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(_args(wx, "optim.warmup_steps=1", steps=50,
-                                                                         save_every=1000))])  # fmt: skip
+    end = step + 3  # the relaunch trains a few more (a shorter schedule: a compatible change, warned)
+    over = _args(wx, "optim.warmup_steps=1", steps=end, save_every=1000)
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(over)])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert events(run, "resume")[-1]["step"] == step and latest_complete(run).name == step_dir_name(50)
-    assert [row["step"] for row in metrics(run)] == list(range(1, 51))  # each step once
+    assert events(run, "resume")[-1]["step"] == step and latest_complete(run).name == step_dir_name(end)
+    assert [row["step"] for row in metrics(run)] == list(range(1, end + 1))  # each step once
 
 
 def test_a_stop_file_left_from_before_is_removed_at_start(wx: Path, tmp_path: Path) -> None:
@@ -1275,3 +1294,43 @@ def test_a_wandb_failure_mid_run_turns_wandb_off_instead_of_stopping_training(
         logger.close()
     assert caplog.text.count("wandb failed (ConnectionResetError") == 1
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+
+
+def test_rank0_failing_to_take_the_folder_for_any_reason_tells_the_other_ranks(tmp_path: Path) -> None:
+    """Not only a busy folder: one that cannot be created or written (EACCES, a full disk) also reaches the other
+    ranks through the agreement, instead of leaving them in it until the collective's timeout."""
+    from vla.train.checkpoint import RunDirBusy, run_dir_lock
+
+    (tmp_path / "a_file").write_text("")
+    told: list[bool] = []
+
+    def agree(ok: bool) -> bool:
+        told.append(ok)
+        return ok
+
+    with pytest.raises(OSError), run_dir_lock(tmp_path / "a_file" / "run", rank=0, agree=agree):
+        pass
+    assert told == [False]
+    other_rank = run_dir_lock(tmp_path / "run", rank=1, agree=lambda ok: False)
+    with pytest.raises(RunDirBusy, match="rank 0 could not take the run folder"), other_rank:
+        pass
+
+
+def test_a_shared_filesystem_error_looking_for_the_stop_file_does_not_leave_rank0_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ESTALE/EIO from an NFS or Lustre hiccup while rank 0 looks for the STOP file: a warning and "no file", so
+    rank 0 still joins the step's all-reduce (before: it raised out of the check, the others waited for it)."""
+    import errno
+
+    from vla.train import stop as stop_mod
+
+    def stale(self: Path, *args: Any, **kwargs: Any) -> bool:
+        raise OSError(errno.ESTALE, "Stale file handle")
+
+    with stop_mod.StopRequests(tmp_path, is_main=True, all_true=lambda ok: ok) as stop:
+        monkeypatch.setattr(Path, "exists", stale)
+        with caplog.at_level(logging.WARNING):
+            assert stop.check() is None
+        monkeypatch.undo()
+    assert "cannot look for the STOP file" in caplog.text

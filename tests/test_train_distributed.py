@@ -162,8 +162,9 @@ def test_a_second_launch_on_a_busy_run_folder_is_refused_on_every_rank(wx: Path,
             for p in procs:
                 if p.poll() is None:
                     p.kill()
+    said = ["is in use by another training process (pid", "rank 0 could not take the run folder"]
     for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 2 and "is in use by another training process" in out, (rank, out[-3000:])
+        assert p.returncode == 2 and said[rank] in out, (rank, out[-3000:])
     assert not (run / "checkpoints").exists()  # nothing written by the refused launch
 
 
@@ -179,7 +180,7 @@ def test_a_stop_file_stops_every_rank_at_the_same_step_with_a_checkpoint(wx: Pat
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "-m", "vla.cli", "train", "debug", "--run-dir", str(run),
-           *_sets(wx, "data.batch_size=2", "train.save_every=1000", steps=60)]  # fmt: skip
+           *_sets(wx, "data.batch_size=2", "train.save_every=1000", steps=400)]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
     )
@@ -195,7 +196,7 @@ def test_a_stop_file_stops_every_rank_at_the_same_step_with_a_checkpoint(wx: Pat
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
     (stopped,) = events(run, "stopped")
-    assert 2 <= stopped["step"] < 60 and out.count(f"stopped at step {stopped['step']}") == 1, out[-3000:]
+    assert 2 <= stopped["step"] < 400 and out.count(f"stopped at step {stopped['step']}") == 1, out[-3000:]
     assert latest_complete(run).name == f"step-{stopped['step']:07d}"
     assert not (run / "STOP").exists()
 

@@ -89,16 +89,19 @@ def run_dir_lock(
     if rank != 0:
         if not agree(True):
             raise RunDirBusy(
-                f"{run_dir} is in use by another training process (rank 0 could not lock it); wait for it to end "
-                "(or stop it), or pass another --run-dir"
+                f"{run_dir}: rank 0 could not take the run folder (another training process holds it, or it cannot "
+                "be written: rank 0's error says which); wait for the other run to end, or fix the folder, or pass "
+                "another --run-dir"
             )
         yield
         return
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(_locked(run_dir))
-        except RunDirBusy:
-            agree(False)  # the other ranks learn it and refuse too
+        except (
+            BaseException
+        ):  # busy, or the folder cannot be written (EACCES, a full disk): all refuse together
+            agree(False)
             raise
         agree(True)
         yield

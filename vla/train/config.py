@@ -386,7 +386,7 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], l
     a, b = _flatten(old), _flatten(new)
     bad, ok = [], []
     for key in sorted(set(a) | set(b)):
-        if a.get(key) == b.get(key):
+        if a.get(key) == b.get(key) or (key in PATH_KEYS and _same_folder(a.get(key), b.get(key))):
             continue
         line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
         if key not in a and _is_default(key, b[key]):
@@ -399,6 +399,18 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], l
         else:
             ok.append(line)
     return bad, ok
+
+
+#: settings holding a folder: the same folder written another way (relative, through a symlink; runs started before
+#: vla resolved the fine-tune base recorded it as typed) is no change
+PATH_KEYS = frozenset({"finetune.init"})
+
+
+def _same_folder(a: Any, b: Any) -> bool:
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
 def _is_default(key: str, value: Any) -> bool:

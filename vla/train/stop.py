@@ -16,15 +16,23 @@ eviction, ``torchrun`` passing its own SIGTERM on), then kills them some seconds
 
 A second SIGTERM more than a few seconds after the first kills the process at once (the previous checkpoint
 stays); repeats within them are the same request arriving by several paths (a scheduler signals every process of
-the job, and torchrun forwards its own). Every rank of a run stopped by SIGTERM on any rank exits 143, so a
-supervisor sees one outcome. Under ``torchrun``, torchrun's own exit status is 1 when it was sent the SIGTERM
-itself (its ``SignalException``), whatever the workers did.
+the job, and torchrun forwards its own). The handler runs when Python next runs in the main thread: a process
+stuck inside one C call (a collective waiting for a dead peer) does not see SIGTERM, and only SIGKILL ends it
+(torchrun and SLURM send one after their grace period). Every rank of a run stopped by SIGTERM on any rank exits
+143, so a supervisor sees one outcome. Under ``torchrun``, torchrun's own exit status is 1 when it was sent the
+SIGTERM itself (its ``SignalException``), whatever the workers did.
 
 The ranks agree once per step (an all-reduce of one flag, after the step's own synchronization), so all of them
 stop at the same step, whichever rank got the signal or saw the file; a request that arrives while a scheduled
-checkpoint is written stops the run on that checkpoint. The loader's worker processes ignore
-SIGTERM (``vla.data.loader._ignore_sigterm``): a scheduler signals every process of the job, and a worker killed by it would make
-the training process fail before it could write the checkpoint; the workers end with it.
+checkpoint is written stops the run on that checkpoint. The loader's worker processes ignore SIGTERM
+(``vla.data.loader._ignore_sigterm``): a scheduler signals every process of the job, and a worker killed by it
+would make the training process fail before it could write the checkpoint; the workers end with it. Not covered:
+a worker being started (each epoch and validation pass starts new ones) has torch's own handler for a moment, and
+a worker stuck in user code outlives the trainer until torch's watchdog notices the parent is gone.
+
+Logged losses are means over the logging window (``logging.every`` steps); the window starts again at a resume or
+a stop, so with ``logging.every`` > 1 the first row after one averages fewer steps than an uninterrupted run's
+(the weights, optimizer and data order stay exact).
 """
 
 from __future__ import annotations
@@ -80,7 +88,7 @@ class StopRequests:
         try:
             # file times come from a coarse clock (a jiffy behind time.time()) or another host's: a margin
             stale = self.is_main and self.file.stat().st_mtime < _launched_at - _CLOCK_SLACK_S
-        except FileNotFoundError:
+        except OSError:  # none (or a shared filesystem's hiccup: an error here must not stop rank 0 alone)
             stale = False
         if stale:
             log.warning(
@@ -88,15 +96,25 @@ class StopRequests:
                 "first step); touch it again to stop this run",
                 self.file,
             )
-            self.file.unlink(missing_ok=True)
+            self._remove()
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            # None: a handler installed from C; the default is the closest to put back
+            self._previous = signal.SIG_DFL if previous is None else previous
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+    def _remove(self) -> None:
+        try:
+            self.file.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning(
+                "%s: cannot remove the STOP file (%s); remove it before the next launch", self.file, e
+            )
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
@@ -112,7 +130,17 @@ class StopRequests:
         now = time.monotonic()
         if now >= self._next_look:
             self._next_look = now + _FILE_EVERY_S
-            self.file_seen = self.file.exists()
+            try:
+                self.file_seen = self.file.exists()
+            except (
+                OSError
+            ) as e:  # ESTALE, EIO on a shared filesystem: not a reason to leave the collective below
+                log.warning(
+                    "%s: cannot look for the STOP file (%s); looking again in %.0f s",
+                    self.file,
+                    e,
+                    _FILE_EVERY_S,
+                )
         return self.file_seen
 
     def check(self) -> str | None:
@@ -129,4 +157,4 @@ class StopRequests:
     def done(self) -> None:
         """The run stopped: remove the STOP file (rank 0), so the relaunch trains on."""
         if self.is_main:
-            self.file.unlink(missing_ok=True)
+            self._remove()
