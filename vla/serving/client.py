@@ -165,12 +165,18 @@ class WebsocketClient:
                 if self._closed:  # closed while connecting
                     self._drop()
                     raise _closed_error(self)
+            ws = self._ws  # close() from another thread may set self._ws to None at any moment
+            if ws is None:  # only close() empties it while a call holds the turn
+                raise _closed_error(self)
             try:
-                self._ws.send(frame)
-                reply = self._ws.recv(timeout=self.timeout)
-            except websockets.exceptions.ConnectionClosed as e:
+                ws.send(frame)
+                reply = ws.recv(timeout=self.timeout)
+            except Exception as e:
                 if self._closed:  # close() from another thread, not a dropped connection: no reconnecting
                     raise _closed_error(self) from e
+                if not isinstance(e, websockets.exceptions.ConnectionClosed):
+                    self._drop()  # a timeout: the late reply must not answer the next request
+                    raise
                 self._drop()
                 if attempt == self.retries:
                     raise
@@ -281,12 +287,18 @@ class AsyncWebsocketClient:
                 if self._closed:  # closed while connecting
                     self._abort()
                     raise _closed_error(self)
+            ws = self._ws  # another task's close() may set self._ws to None while this one awaits
+            if ws is None:  # only close() empties it while a call holds the turn
+                raise _closed_error(self)
             try:
-                await self._ws.send(frame)
-                reply = await asyncio.wait_for(self._ws.recv(), self.timeout)
-            except websockets.exceptions.ConnectionClosed as e:
+                await ws.send(frame)
+                reply = await asyncio.wait_for(ws.recv(), self.timeout)
+            except Exception as e:
                 if self._closed:  # close() from another task, not a dropped connection: no reconnecting
                     raise _closed_error(self) from e
+                if not isinstance(e, websockets.exceptions.ConnectionClosed):
+                    self._abort()  # a timeout: the late reply must not answer the next request
+                    raise
                 self._abort()
                 if attempt == self.retries:
                     raise

@@ -168,6 +168,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = load_api_key(args.api_key_file) if args.api_key_file else None
     sock = bind_socket(args.host, args.port)  # a port in use fails now, not after loading and warm-up
     previous = _stop_on_sigterm()  # until uvicorn installs its own handlers: a stop before ready exits 0 too
+    serving_started = False
     try:
         # Loading, the mode trials and every batch run on one thread (vla.serving.batching: a second thread doing
         # torch work would slow every forward pass down)
@@ -219,8 +220,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         freeze_heap()
         _restore_sigterm(previous)
+        serving_started = True
         rc = run_server(serving, on_ready=ready, sock=sock)
     except (_Stopped, KeyboardInterrupt) as stop:
+        if serving_started:  # after ready: uvicorn's own handling and its exit status, not this path
+            raise
         # The model thread may be inside a load or a compile, which no Python code can interrupt; an interpreter
         # shutdown around it aborts in C++ ("terminate called without an active exception", exit 134). Nothing
         # is written yet, so leaving at once loses nothing.

@@ -77,8 +77,9 @@ class ServeOptions:
     # laptop or a cut cable would otherwise hold its connection slot forever); None: no pings
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
-    # a REST body not received within this many seconds is answered 408 and its connection slot freed (a client
-    # that stalls mid-body, or many of them, would otherwise hold --max-connections slots forever)
+    # a REST body of which no byte arrives for this many seconds is answered 408 and its connection slot freed (a
+    # client that stalls mid-body, or many of them, would otherwise hold --max-connections slots forever); an idle
+    # timeout, so a large body on a slow link takes as long as it needs while bytes keep coming
     body_timeout_s: float = 30.0
 
 
@@ -333,24 +334,28 @@ class ServingApp:
     async def _act(self, request: Request, received: float) -> Response:
         limit = self.options.limits.max_frame_bytes
         body = bytearray()
+        parts = request.stream()
         try:
-            async with asyncio.timeout(self.options.body_timeout_s):
-                async for part in request.stream():
-                    body += part
-                    if len(body) > limit:
-                        self.metrics.error("limit")
-                        return JSONResponse(
-                            {
-                                "error": f"request body over the limit of {limit} bytes (--max-frame-mb)",
-                                "kind": "limit",
-                            },
-                            status_code=413,
-                        )
+            while True:
+                try:
+                    part = await asyncio.wait_for(anext(parts), self.options.body_timeout_s)
+                except StopAsyncIteration:
+                    break
+                body += part
+                if len(body) > limit:
+                    self.metrics.error("limit")
+                    return JSONResponse(
+                        {
+                            "error": f"request body over the limit of {limit} bytes (--max-frame-mb)",
+                            "kind": "limit",
+                        },
+                        status_code=413,
+                    )
         except TimeoutError:
             self.metrics.error("limit")
             return JSONResponse(
                 {
-                    "error": f"request body not received within {self.options.body_timeout_s:g} s "
+                    "error": f"request body stalled: no byte for {self.options.body_timeout_s:g} s "
                     f"({len(body)} bytes arrived)",
                     "kind": "limit",
                 },
