@@ -1334,3 +1334,19 @@ def test_a_shared_filesystem_error_looking_for_the_stop_file_does_not_leave_rank
             assert stop.check() is None
         monkeypatch.undo()
     assert "cannot look for the STOP file" in caplog.text
+
+
+def test_logged_losses_are_means_over_the_logging_window(wx: Path, tmp_path: Path) -> None:
+    """With logging.every=2 each row's loss is the mean of its two steps' losses (the same run logged every step
+    gives them); a single step's loss, logged before, is noise."""
+    rows = {}
+    for every in (1, 2):
+        run = tmp_path / f"every{every}"
+        over = _args(wx, "optim.warmup_steps=1", f"logging.every={every}", steps=4, save_every=4)
+        assert train(load_train_config("debug", over), run).step == 4
+        rows[every] = {r["step"]: r for r in metrics(run)}
+    assert sorted(rows[2]) == [2, 4]
+    for step in (2, 4):
+        for key in [k for k in rows[2][step] if k == "loss" or k.startswith("loss/")]:
+            want = (rows[1][step - 1][key] + rows[1][step][key]) / 2
+            assert rows[2][step][key] == pytest.approx(want, rel=1e-6), (step, key)
