@@ -4,6 +4,7 @@ batch; FSDP2 shards, saves a consolidated model and a reshardable train state th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +31,30 @@ def _sets(ds: Path, *extra: str, steps: int = 3) -> list[str]:
         *extra,
     ]
     return [x for a in over for x in ("--set", a)]
+
+
+def _per_rank(args: list[str], world: int = 2) -> list[Any]:
+    """``vla.cli ARGS`` started once per rank, as a per-rank launcher (``srun`` with a task per GPU, MPI) starts
+    them: no torchrun agent between them, so each process's own exit status is seen."""
+    import subprocess
+    import sys
+
+    from train_helpers import REPO, cli_env, free_port
+
+    env = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}  # fmt: skip
+    cmd = [sys.executable, "-m", "vla.cli", *args]
+    return [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**cli_env(), **env, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(world)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -133,29 +158,12 @@ def test_a_second_launch_on_a_busy_run_folder_is_refused_on_every_rank(wx: Path,
     as a per-rank launcher (``srun`` with one task per GPU, or MPI) starts them: no torchrun agent tears the group
     down when one rank dies. Before, rank 0 alone refused, before the process group existed, and rank 1 waited in
     ``init_process_group`` for a peer that was gone, until the store's timeout (30 minutes)."""
-    import subprocess
-    import sys
-
-    from train_helpers import REPO, cli_env, free_port
 
     from vla.train.checkpoint import run_dir_lock
 
     run = tmp_path / "run"
-    port = str(free_port())
-    cmd = [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run), *_sets(wx)]
-    dist_env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     with run_dir_lock(run):  # this test process plays the first run
-        procs = [
-            subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd=REPO,
-                env={**cli_env(), **dist_env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            )
-            for r in range(2)
-        ]
+        procs = _per_rank(["train", "debug", "--run-dir", str(run), *_sets(wx)])
         try:
             outs = [p.communicate(timeout=180)[0] for p in procs]
         finally:
@@ -206,32 +214,13 @@ def test_sigterm_to_one_rank_stops_every_rank_with_the_same_exit_status(wx: Path
     step and both exit 143. Before, rank 0 exited 0, so a supervisor saw that node finished and never restarted
     it. Ranks started as a per-rank launcher starts them, so each exit status is seen."""
     import signal
-    import subprocess
-    import sys
     import time
 
-    from train_helpers import REPO, cli_env, free_port, metrics
+    from train_helpers import metrics
 
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "vla.cli", "train", "debug", "--run-dir", str(run),
-           *_sets(wx, "data.batch_size=2", "train.save_every=1000", steps=300)]  # fmt: skip
-    dist_env = {
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }
-    procs = [
-        subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-            env={**cli_env(), **dist_env, "RANK": str(r), "LOCAL_RANK": str(r)},
-        )
-        for r in range(2)
-    ]
+    procs = _per_rank(["train", "debug", "--run-dir", str(run),
+                       *_sets(wx, "data.batch_size=2", "train.save_every=1000", steps=300)])  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         while not (run / "metrics.jsonl").is_file() or len(metrics(run)) < 2:
