@@ -389,9 +389,13 @@ def test_rest_act_json_numpy_and_lists(server: Server, policy: Policy) -> None:
         assert out["embodiment"] == "widowx_bridge" and len(out["safety"]["clamped"]) == want.shape[1]
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(server.http + "/act", as_numpy, headers={})
-    assert (
-        e.value.code == 401 and json.loads(e.value.read())["kind"] == "auth"
-    )  # JSON like /act's other errors
+    # JSON like /act's other errors
+    assert e.value.code == 401 and json.loads(e.value.read())["kind"] == "auth"
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", ""):
+        # what a web page may send to 127.0.0.1 without a CORS preflight (or curl -d without -H): refused unread
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _post(server.http + "/act", as_numpy, headers={**AUTH, "Content-Type": content_type})
+        assert e.value.code == 415 and "Content-Type: application/json" in json.loads(e.value.read())["error"]
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(
             server.http + "/act", json.dumps({**req, "state": [float("nan")] * 7}, default=encode_json_numpy)

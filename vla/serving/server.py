@@ -320,6 +320,15 @@ class ServingApp:
         if self.draining:
             self.metrics.error("overloaded")
             return JSONResponse({"error": "server is shutting down", "kind": "overloaded"}, status_code=503)
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            # a web page can send text/plain or form bodies to 127.0.0.1 without asking (no CORS preflight), and
+            # would burn the model's time; application/json it cannot send cross-origin without one
+            self.metrics.error("protocol")
+            return JSONResponse(
+                {"error": "POST /act takes a JSON body: send the header 'Content-Type: application/json'",
+                 "kind": "protocol"},
+                status_code=415,
+            )  # fmt: skip
         if self._full():
             self.metrics.error("limit")
             return JSONResponse({"error": self._too_many(), "kind": "limit"}, status_code=503)
