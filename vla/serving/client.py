@@ -72,6 +72,18 @@ def _closed_error(client: object) -> ClientClosedError:
     )
 
 
+def _after_failed_exchange(client: Any, e: Exception, drop: Callable[[], None], last_attempt: bool) -> None:
+    """What a failed send/recv of ``client`` (sync or asyncio) leads to: ``ClientClosedError`` when ``close()``
+    ended the client meanwhile (never a reconnect); otherwise the connection is dropped (a late reply must not
+    answer the next request) and the error raised, except a dropped connection with attempts left: then the caller
+    reconnects and sends again."""
+    if client._closed:
+        raise _closed_error(client) from e
+    drop()
+    if last_attempt or not isinstance(e, websockets.exceptions.ConnectionClosed):
+        raise e
+
+
 def _headers(api_key: str | None) -> dict[str, str] | None:
     return {"Authorization": f"Api-Key {api_key}"} if api_key else None
 
@@ -172,14 +184,7 @@ class WebsocketClient:
                 ws.send(frame)
                 reply = ws.recv(timeout=self.timeout)
             except Exception as e:
-                if self._closed:  # close() from another thread, not a dropped connection: no reconnecting
-                    raise _closed_error(self) from e
-                if not isinstance(e, websockets.exceptions.ConnectionClosed):
-                    self._drop()  # a timeout: the late reply must not answer the next request
-                    raise
-                self._drop()
-                if attempt == self.retries:
-                    raise
+                _after_failed_exchange(self, e, self._drop, attempt == self.retries)
                 continue
             except BaseException:  # a timeout or Ctrl-C: the late reply must not answer the next request
                 self._drop()
@@ -294,14 +299,7 @@ class AsyncWebsocketClient:
                 await ws.send(frame)
                 reply = await asyncio.wait_for(ws.recv(), self.timeout)
             except Exception as e:
-                if self._closed:  # close() from another task, not a dropped connection: no reconnecting
-                    raise _closed_error(self) from e
-                if not isinstance(e, websockets.exceptions.ConnectionClosed):
-                    self._abort()  # a timeout: the late reply must not answer the next request
-                    raise
-                self._abort()
-                if attempt == self.retries:
-                    raise
+                _after_failed_exchange(self, e, self._abort, attempt == self.retries)
                 continue
             except BaseException:
                 # a timeout or a cancelled await: the late reply must not answer the next request

@@ -51,8 +51,14 @@ STOP_FILE = "STOP"
 #: a SIGTERM this soon after the first is the same request arriving twice (a scheduler signals every process of
 #: the job and torchrun forwards its own: milliseconds apart), not a second one asking to die at once
 _REPEAT_S = 5.0
-_launched_at = time.time()
+#: seconds between two looks for the STOP file (a stat on a shared filesystem costs up to milliseconds)
+_FILE_EVERY_S = 1.0
+#: a STOP file this much older than the launch is left from before (file times come from a coarse clock, a jiffy
+#: behind time.time(), or from another host's)
 _CLOCK_SLACK_S = 2.0
+#: exit status of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if killed by it)
+SIGTERM_EXIT = 128 + signal.SIGTERM
+_launched_at = time.time()
 
 
 def mark_launch() -> None:
@@ -61,12 +67,6 @@ def mark_launch() -> None:
     cluster) stops the run after its first step."""
     global _launched_at
     _launched_at = time.time()
-
-
-#: seconds between two looks for the STOP file (a stat on a shared filesystem costs up to milliseconds)
-_FILE_EVERY_S = 1.0
-#: exit status of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if killed by it)
-SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 class StopRequests:
@@ -86,7 +86,6 @@ class StopRequests:
 
     def __enter__(self) -> StopRequests:
         try:
-            # file times come from a coarse clock (a jiffy behind time.time()) or another host's: a margin
             stale = self.is_main and self.file.stat().st_mtime < _launched_at - _CLOCK_SLACK_S
         except OSError:  # none (or a shared filesystem's hiccup: an error here must not stop rank 0 alone)
             stale = False
@@ -132,9 +131,8 @@ class StopRequests:
             self._next_look = now + _FILE_EVERY_S
             try:
                 self.file_seen = self.file.exists()
-            except (
-                OSError
-            ) as e:  # ESTALE, EIO on a shared filesystem: not a reason to leave the collective below
+            # ESTALE, EIO on a shared filesystem: not a reason to leave the collective below
+            except OSError as e:
                 log.warning(
                     "%s: cannot look for the STOP file (%s); looking again in %.0f s",
                     self.file,

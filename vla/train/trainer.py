@@ -75,25 +75,30 @@ class TrainResult:
     stopped: str | None = None
 
 
-class _WindowMeans:
-    """Running means of the loss metrics (``loss``, ``loss/<embodiment>``, ``loss_dataset/<name>``) over the steps
-    since the last logged row; an embodiment or dataset absent from some steps' batches is averaged over the steps
-    it was in."""
+class _Window:
+    """The steps since the last logged row: their times (step, data wait) and running sums of their loss metrics
+    (``loss``, ``loss/<embodiment>``, ``loss_dataset/<name>``); an embodiment or dataset absent from some steps'
+    batches is averaged over the steps it was in."""
 
     def __init__(self) -> None:
+        self.times: list[tuple[float, float]] = []  # (step time, data wait) per step
         self.sums: dict[str, list[float]] = {}
 
-    def add(self, metrics: dict[str, Any]) -> None:
+    def add(self, metrics: dict[str, Any], step_time: float, wait: float) -> None:
+        self.times.append((step_time, wait))
         for k, v in metrics.items():
             if k == "loss" or k.startswith(("loss/", "loss_dataset/")):
                 acc = self.sums.setdefault(k, [0.0, 0])
                 acc[0] += float(v)
                 acc[1] += 1
 
-    def take(self) -> dict[str, float]:
-        out = {k: total / n for k, (total, n) in self.sums.items()}
-        self.sums = {}
-        return out
+    def take(self) -> tuple[dict[str, float], float, float]:
+        """(mean of each loss metric, mean step time, mean data wait), and a new window."""
+        n = len(self.times)
+        mean_t, mean_w = (sum(t[i] for t in self.times) / n for i in (0, 1))
+        means = {k: total / count for k, (total, count) in self.sums.items()}
+        self.times, self.sums = [], {}
+        return means, mean_t, mean_w
 
 
 def _peak_rss_mb() -> float:
@@ -616,8 +621,7 @@ class Trainer:
         last, final_loss, stats_logged = latest_complete(self.run_dir), None, False
         batches = self._batches()
         self.wrapped.train()
-        window: list[tuple[float, float]] = []
-        losses = _WindowMeans()
+        window = _Window()
         stopped: str | None = None
         stop = StopRequests(self.run_dir, is_main=rt.is_main, all_true=rt.all_true)
         try:
@@ -639,16 +643,12 @@ class Trainer:
                 metrics = self._train_step(micro)
                 self.step += 1
                 self.samples_seen += self.global_batch
-                step_time = time.perf_counter() - t0
-                window.append((step_time, wait))
-                losses.add(metrics)
+                window.add(metrics, time.perf_counter() - t0, wait)
                 final_loss = metrics["loss"]
                 # every rank learns at the same step whether any was asked to stop (vla.train.stop)
                 stopped = stop.check() if self.step < cfg.train.steps else None
-                logged = False
                 if stopped or self.step % cfg.logging.every == 0 or self.step == cfg.train.steps:
-                    self._log_window(logger, metrics, window, losses)
-                    window, logged = [], True
+                    self._log_window(logger, metrics, window)
                 if not stopped and self.val_loader is not None and self.step % cfg.train.val_every == 0:
                     logger.event(self.step, "validation", **self.validate())
                 if stopped or self.step % cfg.train.save_every == 0 or self.step == cfg.train.steps:
@@ -660,8 +660,8 @@ class Trainer:
                     if not stopped and self.step < cfg.train.steps:
                         # asked during the write (a scheduler's SIGTERM): stop on this checkpoint, not one more
                         stopped = stop.check()
-                        if stopped and not logged:
-                            self._log_window(logger, metrics, window, losses)
+                        if stopped and window.times:  # this step not logged yet
+                            self._log_window(logger, metrics, window)
                 if stopped:
                     logger.event(self.step, "stopped", reason=stopped, checkpoint=str(last))
                     break
@@ -671,19 +671,12 @@ class Trainer:
             logger.close()
         return TrainResult(self.run_dir, self.step, last, final_loss, stopped)
 
-    def _log_window(
-        self,
-        logger: MetricsLogger,
-        metrics: dict[str, Any],
-        window: list[tuple[float, float]],
-        losses: _WindowMeans,
-    ) -> None:
-        """One metrics row for the steps since the last: the losses averaged over them (a single step's loss is
-        noisy), step time and data wait averaged, the rest (grad norm, lr) as of this step."""
+    def _log_window(self, logger: MetricsLogger, metrics: dict[str, Any], window: _Window) -> None:
+        """One metrics row for the steps of ``window`` (then emptied): the losses averaged over them (a single
+        step's loss is noisy), step time and data wait averaged, the rest (grad norm, lr) as of this step."""
         rt = self.rt
-        mean_t = sum(w[0] for w in window) / len(window)
-        mean_w = sum(w[1] for w in window) / len(window)
-        metrics = {**metrics, **losses.take()}
+        means, mean_t, mean_w = window.take()
+        metrics = {**metrics, **means}
         metrics.update(
             lr=self.optimizer.param_groups[0]["lr"],
             **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
