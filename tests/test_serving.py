@@ -115,6 +115,15 @@ def _read_ready(proc: subprocess.Popen[str], log: Path, timeout: float = 300) ->
     return lines[0]
 
 
+def _free_port() -> int:
+    """A port free now (the OS picks it), for a server that must be given its port before it listens."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def observation(i: int, embodiment: str = "sim_panda", size: int = 48) -> dict[str, Any]:
     """Request ``i`` in the canonical layout: seeded pixels, a state inside the spec's limits, a prompt."""
     from vla.embodiments import get_embodiment
@@ -547,9 +556,15 @@ def test_a_stop_while_warming_up_exits_at_once_and_cleanly(
 ) -> None:
     """A supervisor's SIGTERM (or Ctrl-C) while the compiled modes are timed: the stop line and exit 0 (130), within
     seconds. Before: SIGTERM killed it with 143; a Ctrl-C, and a handled SIGTERM, aborted the interpreter in C++
-    (exit 134) because its shutdown met the model thread inside a compile."""
+    (exit 134) because its shutdown met the model thread inside a compile.
+
+    Meanwhile a client is refused, as openpi's own server refuses it while loading (openpi's client retries on
+    ``ConnectionRefusedError``). Before, the port listened from the start and the connection waited in the backlog;
+    openpi's client abandoned it after websockets' 10 s handshake timeout with a ``TimeoutError`` it does not
+    retry, so a robot started beside a server that warms up longer than that crashed."""
     err = tmp_path / "stderr.txt"
-    cmd = [sys.executable, "-m", "vla.cli", "serve", str(checkpoint), "--port", "0", "--compile",
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vla.cli", "serve", str(checkpoint), "--port", str(port), "--compile",
            "--dtype", "float32", "--num-steps", str(NUM_STEPS)]  # fmt: skip
     with open(err, "w") as f:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -560,6 +575,8 @@ def test_a_stop_while_warming_up_exits_at_once_and_cleanly(
             assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
             time.sleep(0.1)
         time.sleep(1)
+        with pytest.raises(ConnectionRefusedError):
+            websockets.sync.client.connect(f"ws://127.0.0.1:{port}", open_timeout=5).close()
         start = time.monotonic()
         proc.send_signal(sig)
         assert proc.wait(30) == rc, err.read_text()[-2000:]

@@ -348,16 +348,21 @@ def test_a_frame_over_twice_the_limit_is_closed_1009_naming_the_limit(policy: An
 
 
 # ---- the ready line ----------------------------------------------------------------------------------------------
-def test_a_port_another_server_opened_is_refused_while_that_one_still_loads() -> None:
-    """``vla serve`` opens its socket before loading; two only-bound sockets with SO_REUSEADDR can share a port, so
-    the socket listens at once: a second server on the port fails at its start, not after its own loading."""
+def test_a_port_in_use_is_refused_naming_the_flag_and_who_may_hold_it() -> None:
+    """Two only-bound sockets with SO_REUSEADDR can share a port, so ``bind_socket`` listens at once: a port some
+    server listens on fails at the bind. ``vla serve`` tries once before loading and again when ready; the second
+    failure says the port was taken while the model loaded."""
     from vla.serving.server import bind_socket
 
     first = bind_socket("127.0.0.1", 0)
     port = first.getsockname()[1]
     try:
-        with pytest.raises(OSError, match=f"--port {port}: cannot listen there"):
+        with pytest.raises(OSError, match=f"--port {port}: cannot listen there .*another server may hold it"):
             bind_socket("127.0.0.1", port)
+        with pytest.raises(
+            OSError, match="another process took it while the model loaded: pick another --port"
+        ):
+            bind_socket("127.0.0.1", port, taken_meanwhile=True)
     finally:
         first.close()
     bind_socket("127.0.0.1", port).close()  # free again once the first is closed

@@ -166,7 +166,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check_flags(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = load_api_key(args.api_key_file) if args.api_key_file else None
-    sock = bind_socket(args.host, args.port)  # a port in use fails now, not after loading and warm-up
+    # a port in use fails now, not after loading and warm-up; the port is listened on again only when ready, so
+    # that clients started early are refused meanwhile (openpi's client retries then) instead of left waiting
+    bind_socket(args.host, args.port).close()
+    sock = None
     previous = _stop_on_sigterm()  # until uvicorn installs its own handlers: a stop before ready exits 0 too
     serving_started = False
     try:
@@ -219,6 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
 
         freeze_heap()
+        sock = bind_socket(args.host, args.port, taken_meanwhile=True)
         _restore_sigterm(previous)
         serving_started = True
         rc = run_server(serving, on_ready=ready, sock=sock)
@@ -238,7 +242,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os._exit(0 if sigterm else 130)
     finally:
         _restore_sigterm(previous)
-        sock.close()  # uvicorn closed it already unless start-up failed
+        if sock is not None:
+            sock.close()  # uvicorn closed it already unless start-up failed
     print("vla serve: stopped", file=sys.stderr, flush=True)
     return rc
 

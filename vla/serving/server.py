@@ -470,10 +470,14 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on ``host:port`` (port 0: any free one). ``vla serve`` opens it before loading the
-    model, so that a port in use is a one-line error at once, not a traceback after minutes of loading and warm-up.
-    Connections made meanwhile wait in the backlog and are served once the server is up (``/healthz`` says when)."""
+def bind_socket(host: str, port: int, *, taken_meanwhile: bool = False) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (port 0: any free one); a port in use is an ``OSError`` whose
+    message names the flags and the fix. ``vla serve`` opens one and closes it at once before loading the model
+    (a port in use is a one-line error then, not after minutes of loading and warm-up), and listens for good only
+    when ready: until then connections are refused, as openpi's own server refuses them while it loads, which is
+    what openpi's client waits out (it retries on ``ConnectionRefusedError``; a connection left waiting in a backlog
+    it abandons after websockets' 10 s handshake timeout). ``taken_meanwhile``: the port was free at the first try,
+    so the message says another process took it during loading."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -483,9 +487,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
+        holder = (
+            "another process took it while the model loaded"
+            if taken_meanwhile
+            else "another server may hold it"
+        )
         raise OSError(
             e.errno,
-            f"--host {host} --port {port}: cannot listen there ({e.strerror}); another server may hold the port: "
+            f"--host {host} --port {port}: cannot listen there ({e.strerror}); {holder}: "
             "pick another --port (0 takes any free one)",
         ) from None
     return sock
