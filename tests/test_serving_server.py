@@ -250,6 +250,65 @@ def test_a_rest_body_that_stalls_is_answered_408_and_frees_its_slot(policy: Any)
         assert run.post(body)[0] == 200
 
 
+def _raw_http(run: Running, request: str, timeout: float = 10) -> str:
+    """Send ``request`` (headers, maybe part of a body) on a plain socket; the answer until the server closes or
+    ``timeout`` passes."""
+    host, port = run.url.removeprefix("ws://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(request.encode())
+        answer = b""
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except TimeoutError:
+            pass
+    return answer.decode()
+
+
+def test_a_rest_body_declared_over_the_limit_is_refused_before_it_is_read(policy: Any) -> None:
+    """A ``Content-Length`` over ``--max-frame-mb`` gets 413 at once and the connection closes. Before, the server
+    read up to the limit first, and a client that declared 1 GB and sent nothing held a slot until the 30 s body
+    timeout (then a 408 that misnamed the problem)."""
+    with running(policy, limits=Limits(max_frame_bytes=1000)) as run:
+        start = time.monotonic()
+        answer = _raw_http(
+            run,
+            "POST /act HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n",
+        )
+        assert (
+            answer.startswith("HTTP/1.1 413") and "over the limit of 1000 bytes (--max-frame-mb)" in answer
+        ), answer
+        assert time.monotonic() - start < 5
+        assert _metric(run, 'vla_serve_errors_total{kind="limit"}') == 1.0
+        # a body over the limit without a length (chunked) is cut off once it passes it
+        chunked = (
+            "POST /act HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        )
+        answer = _raw_http(run, chunked + f"{1500:x}\r\n" + "x" * 1500 + "\r\n")
+        assert answer.startswith("HTTP/1.1 413") and "--max-frame-mb" in answer, answer
+
+
+def test_unknown_paths_and_methods_get_json_errors_naming_the_endpoints(policy: Any) -> None:
+    """A robot's REST client parses every answer as JSON; Starlette's 404/405 were bare text."""
+    with running(policy) as run:
+        for method, path, status in [("GET", "/act", 405), ("POST", "/predict", 404), ("GET", "/", 404)]:
+            req = urllib.request.Request(
+                run.http + path, data=b"{}" if method == "POST" else None, method=method
+            )
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=30)
+            assert e.value.code == status
+            body = json.loads(e.value.read())
+            assert (
+                body["kind"] == "protocol"
+                and f"{method} {path}: " in body["error"]
+                and "POST /act" in body["error"]
+            )
+            if status == 405:
+                assert e.value.headers["Allow"] == "POST"
+
+
 # ---- keepalive ---------------------------------------------------------------------------------------------------
 def _raw_handshake(url: str) -> socket.socket:
     """A WebSocket handshake by hand on a plain socket, which then never reads again (a dead client)."""

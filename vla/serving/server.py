@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -147,7 +148,8 @@ class ServingApp:
                 Route("/metrics", self.get_metrics, methods=["GET"]),
                 Route("/act", self.act, methods=["POST"]),
                 WebSocketRoute("/{path:path}", self.websocket),
-            ]
+            ],
+            exception_handlers={HTTPException: _http_error},
         )
 
     def _metadata(self, serving_mode: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +344,10 @@ class ServingApp:
 
     async def _act(self, request: Request, received: float) -> Response:
         limit = self.options.limits.max_frame_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:  # refused before a byte of it is read
+            self.metrics.error("limit")
+            return _too_large(limit)
         body = bytearray()
         parts = request.stream()
         try:
@@ -351,15 +357,9 @@ class ServingApp:
                 except StopAsyncIteration:
                     break
                 body += part
-                if len(body) > limit:
+                if len(body) > limit:  # no Content-Length (chunked upload) or a false one
                     self.metrics.error("limit")
-                    return JSONResponse(
-                        {
-                            "error": f"request body over the limit of {limit} bytes (--max-frame-mb)",
-                            "kind": "limit",
-                        },
-                        status_code=413,
-                    )
+                    return _too_large(limit)
         except TimeoutError:
             self.metrics.error("limit")
             return JSONResponse(
@@ -395,6 +395,33 @@ def _decode_json(body: bytes | bytearray) -> Any:
         # ValueError: malformed JSON (JSONDecodeError), bad UTF-8, an integer past Python's digit limit;
         # RecursionError: arrays nested too deep
         raise ProtocolError(f"malformed JSON body: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _too_large(limit: int) -> Response:
+    """413 for a REST body over ``--max-frame-mb``; the connection is closed, as the rest of the body is unread."""
+    return JSONResponse(
+        {"error": f"request body over the limit of {limit} bytes (--max-frame-mb)", "kind": "limit"},
+        status_code=413,
+        headers={"Connection": "close"},
+    )
+
+
+_ENDPOINTS = "POST /act, GET /metadata, GET /metrics, GET /healthz, or a WebSocket on any path"
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (404 for an unknown path, 405 for a method a path does not take) as JSON naming
+    the endpoints, like every other error of this API, instead of a bare "Not Found" text."""
+    assert isinstance(exc, HTTPException)
+    what = {404: "no such endpoint", 405: "method not allowed"}.get(exc.status_code, exc.detail)
+    return JSONResponse(
+        {
+            "error": f"{request.method} {request.url.path}: {what}; this server answers {_ENDPOINTS}",
+            "kind": "protocol",
+        },
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 _UNAUTHORIZED = "unauthorized: send the header 'Authorization: Api-Key <key>'"
