@@ -732,3 +732,32 @@ def test_grouped_attention_equals_sdpa_values_and_gradients() -> None:
     mask[0, 0, 2] = False
     out = grouped_attention(q, k, v, mask, 0.3).detach()
     torch.testing.assert_close(out[0, :, 2], v[0].detach().mean(1).repeat_interleave(3, 0))
+
+
+def test_masked_grouped_query_sdpa_repeats_kv_where_the_device_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA a masked ``enable_gqa`` call can only take SDPA's math kernel, so ``attend`` repeats K/V there; the
+    values and gradients must equal the grouped call's (checked here by taking that path on CPU)."""
+    from vla.models import attention
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 6, 5, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 9, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 9, 8, generator=g, requires_grad=True)
+    mask = torch.rand(2, 1, 5, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    r = torch.randn(2, 6, 5, 8, generator=g)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        outs = [attention.attend(kernel, q, k, v, mask, 0.3) for kernel in ("sdpa", "sdpa_fp32")]
+        return (*outs, *torch.autograd.grad((outs[0] * r).sum(), (q, k, v)))
+
+    assert not attention._repeat_kv_for_masked_sdpa("cpu") and attention._repeat_kv_for_masked_sdpa("cuda")
+    grouped = run()
+    calls: list[str] = []
+    monkeypatch.setattr(attention, "_repeat_kv_for_masked_sdpa", lambda device: calls.append(device) or True)
+    repeated = run()
+    assert calls == ["cpu", "cpu"]
+    for a, b in zip(repeated, grouped, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

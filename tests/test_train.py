@@ -1350,3 +1350,86 @@ def test_logged_losses_are_means_over_the_logging_window(wx: Path, tmp_path: Pat
         for key in [k for k in rows[2][step] if k == "loss" or k.startswith("loss/")]:
             want = (rows[1][step - 1][key] + rows[1][step][key]) / 2
             assert rows[2][step][key] == pytest.approx(want, rel=1e-6), (step, key)
+
+
+def test_cuda_rng_state_is_one_device_and_resumes_on_fewer_gpus(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rank saves its own GPU's generator, restored onto the resuming rank's GPU. Before, every visible GPU's
+    state was saved (``get_rng_state_all``: 8 under the SLURM script) and ``set_rng_state_all`` indexed
+    ``default_generators`` by each, an IndexError on a node with fewer GPUs or ``CUDA_VISIBLE_DEVICES=0``.
+    (torch.cuda is stood in for: this machine has no GPU; the states are opaque byte tensors to this code.)"""
+    from vla.train import checkpoint as ckpt
+
+    per_device = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(8)}
+    restored: list[tuple[int, int]] = []
+
+    def get_state(device: torch.device) -> torch.Tensor:
+        return per_device[device.index].clone()
+
+    def set_state(state: torch.Tensor, device: torch.device) -> None:
+        restored.append((int(state[0]), device.index))
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state", get_state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    state = ckpt.rng_state(torch.device("cuda", 5))
+    assert torch.equal(state["cuda"], per_device[5])  # this rank's GPU only
+    ckpt.set_rng_state(state, torch.device("cuda", 0))  # resumed where the node has one GPU
+    assert restored == [(5, 0)]
+    # a checkpoint of the old format (every visible GPU's state) on a process that sees fewer GPUs
+    old = {**state, "cuda": [per_device[i] for i in range(8)]}
+    ckpt.set_rng_state(old, torch.device("cuda", 3))
+    assert restored[-1] == (3, 3)
+    with caplog.at_level(logging.WARNING, logger="vla.train.checkpoint"):
+        ckpt.set_rng_state({**state, "cuda": [per_device[0]]}, torch.device("cuda", 2))
+    assert restored[-1] == (3, 3) and "cover 1 GPU(s), not cuda:2" in caplog.text
+    ckpt.set_rng_state(state, torch.device("cpu"))  # a CUDA checkpoint resumed on CPU: the CPU states only
+    assert len(restored) == 2
+    assert "cuda" not in ckpt.rng_state(torch.device("cpu"))
+
+
+def test_process_group_gets_the_configured_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL's default collective timeout is 10 minutes, less than rank 0 may take to write and fsync a 3B model's
+    checkpoint while the others wait at a barrier: the run's ``distributed.timeout_minutes`` (60) is passed."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from vla.train.config import DistributedConfig
+    from vla.train.distributed import Runtime
+
+    seen: dict[str, Any] = {}
+
+    class Started(Exception):
+        pass
+
+    def init(backend: str, **kwargs: Any) -> None:
+        seen.update(kwargs, backend=backend)
+        raise Started
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(Started):
+        Runtime.start(DistributedConfig(timeout_minutes=90))
+    assert seen == {"backend": "gloo", "timeout": datetime.timedelta(minutes=90), "device_id": None}
+    assert DistributedConfig().timeout_minutes == 60
+    with pytest.raises(ConfigError, match=r"distributed\.timeout_minutes must be > 0"):
+        load_train_config("sim_pretrain", ["distributed.timeout_minutes=0"])
+
+
+def test_fused_adamw_falls_back_when_a_parameter_has_no_fused_kernel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """torch's AdamW(fused=True) accepts any parameters and fails at the first step(); the check is made when the
+    optimizer is built, so the run falls back to the foreach implementation instead of failing at step 1."""
+    from torch import nn
+
+    good = nn.Parameter(torch.zeros(3))
+    assert build_optimizer([("heads.w", good)], OptimConfig(fused=True)).param_groups[0]["fused"] is True
+    odd = nn.Parameter(torch.zeros(3, dtype=torch.complex64))
+    with caplog.at_level(logging.WARNING, logger="vla.train.optim"):
+        opt = build_optimizer([("heads.w", good), ("heads.z", odd)], OptimConfig(fused=True))
+    assert not opt.param_groups[0]["fused"] and "a torch.complex64 parameter on cpu" in caplog.text
+    for p in (good, odd):
+        p.grad = torch.ones_like(p)
+    opt.step()  # before: RuntimeError "`fused=True` requires all the params to be floating point Tensors"

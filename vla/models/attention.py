@@ -302,6 +302,9 @@ def attend(
     if softcap or kernel == "explicit":
         return grouped_attention(q, k, v, mask, scale, softcap)
     gqa = q.shape[1] != k.shape[1]
+    if gqa and mask is not None and _repeat_kv_for_masked_sdpa(q.device.type):
+        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+        gqa = False
     if kernel == "sdpa_fp32":
         with torch.autocast(q.device.type, enabled=False):
             out = F.scaled_dot_product_attention(
@@ -309,6 +312,15 @@ def attend(
             )
         return out.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def _repeat_kv_for_masked_sdpa(device_type: str) -> bool:
+    """Whether SDPA needs K/V repeated to the query heads for a masked grouped-query call on this device. On CUDA,
+    ``enable_gqa`` works only with the flash and math kernels (torch's documentation of the argument), and flash
+    takes no mask: every masked call (the backbone's prefix, the expert's suffix) fell back to the math kernel,
+    with float32 ``[B, H, Tq, Tk]`` intermediates. Repeated K/V let the memory-efficient kernel take it. On CPU the
+    fused kernel handles grouped queries with a mask itself."""
+    return device_type == "cuda"
 
 
 def grouped_attention(

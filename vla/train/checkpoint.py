@@ -259,23 +259,40 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's RNG states: Python, numpy, torch's CPU generator and, on a CUDA ``device``, that device's
+    generator only (a rank draws on its own GPU; every visible GPU's state would tie the file to that count)."""
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore ``rng_state``'s states; the CUDA one onto ``device``. Checkpoints written before this held every
+    visible GPU's state (a list): the entry of ``device``'s index is used, and none where the resuming process
+    sees fewer GPUs than the writer did (before, ``set_rng_state_all`` raised IndexError there)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or device is None or device.type != "cuda":
+        return
+    if isinstance(cuda, list | tuple):
+        index = device.index or 0
+        if index >= len(cuda):
+            log.warning(
+                "the checkpoint's CUDA RNG states cover %d GPU(s), not %s: that device's generator starts afresh",
+                len(cuda),
+                device,
+            )
+            return
+        cuda = cuda[index]
+    torch.cuda.set_rng_state(cuda, device)
 
 
 def save_train_state(
@@ -285,16 +302,18 @@ def save_train_state(
     app_state: dict[str, Any],
     loader_state: dict[str, Any],
     attention: dict[str, str] | None = None,
+    device: torch.device | None = None,
 ) -> None:
     """Collective: every rank writes its DCP shard of ``app_state`` (model/optimizer/EMA state dicts) and its own
-    loader position, RNG states and CPU bf16 attention kernels (``attention``: each rank measures its own, so two
-    ranks may differ) into ``folder/train_state``."""
+    loader position, RNG states (``device``: the rank's accelerator, whose generator is saved) and CPU bf16
+    attention kernels (``attention``: each rank measures its own, so two ranks may differ) into
+    ``folder/train_state``."""
     ts = folder / TRAIN_STATE
     ts.mkdir(parents=True, exist_ok=True)
     with _single_process_quiet():
         dcp.save(app_state, checkpoint_id=str(ts / "dcp"))
     (ts / f"rank{rank}.json").write_text(json.dumps(loader_state))
-    torch.save(rng_state(), ts / f"rng{rank}.pt")
+    torch.save(rng_state(device), ts / f"rng{rank}.pt")
     if attention is not None:
         (ts / f"attention{rank}.json").write_text(json.dumps(attention))
 

@@ -168,11 +168,19 @@ class DistributedConfig:
 
     strategy: str = "auto"
     backend: str | None = None  # None = nccl on CUDA, gloo on CPU
+    # how long a collective may wait for the slowest rank before the run fails: rank 0 alone writes the
+    # consolidated model.safetensors (12 GB for the 3B preset) and fsyncs the checkpoint while the others wait at
+    # a barrier, which on a slow shared filesystem outlasts NCCL's own default of 10 minutes
+    timeout_minutes: float = 60.0
 
     def __post_init__(self) -> None:
         _require(
             self.strategy in STRATEGIES,
             f"distributed.strategy must be one of {STRATEGIES}, got {self.strategy!r}",
+        )
+        _require(
+            self.timeout_minutes > 0,
+            f"distributed.timeout_minutes must be > 0, got {self.timeout_minutes}",
         )
 
 

@@ -30,6 +30,7 @@ class Runtime:
 
     @classmethod
     def start(cls, cfg: DistributedConfig) -> Runtime:
+        import datetime
         import os
 
         from accelerate import Accelerator
@@ -46,9 +47,16 @@ class Runtime:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if world > 1 and not dist.is_initialized():
+            device_id = None
             if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(backend)
+                device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(device_id)
+            dist.init_process_group(
+                backend,
+                timeout=datetime.timedelta(minutes=cfg.timeout_minutes),
+                # NCCL binds the group to this rank's GPU at once (barriers then know their device)
+                device_id=device_id if backend == "nccl" else None,
+            )
         elif cfg.strategy == "fsdp2" and not dist.is_initialized():
             # FSDP2 on one device (e.g. resuming a sharded run on one GPU) still needs a process group: one of one
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

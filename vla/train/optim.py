@@ -77,11 +77,29 @@ def build_optimizer(
     groups = param_groups(named, cfg, no_decay)
     kwargs = {"betas": tuple(cfg.betas), "eps": cfg.eps}
     if cfg.fused:
-        try:
-            return torch.optim.AdamW(groups, fused=True, **kwargs)
-        except (RuntimeError, TypeError) as e:  # e.g. a dtype or tensor subclass without a fused kernel
-            log.warning("fused AdamW unavailable here (%s): using the foreach implementation", e)
+        # torch checks the parameters' devices and dtypes only at the first step(), not here: checked up front
+        unsupported = _without_fused_kernel(p for g in groups for p in g["params"])
+        if unsupported is None:
+            try:
+                return torch.optim.AdamW(groups, fused=True, **kwargs)
+            except (RuntimeError, TypeError) as e:  # e.g. a tensor subclass without a fused kernel
+                unsupported = str(e)
+        log.warning("fused AdamW unavailable here (%s): using the foreach implementation", unsupported)
     return torch.optim.AdamW(groups, **kwargs)
+
+
+def _without_fused_kernel(params: Iterable[torch.Tensor]) -> str | None:
+    """The first parameter's dtype/device that torch's fused AdamW has no kernel for, or None when all have one."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        devices = set(_get_fused_kernels_supported_devices())
+    except ImportError:  # torch moved its private helper: the constructor's own checks decide
+        return None
+    for p in params:
+        if not (torch.is_floating_point(p) and p.device.type in devices):
+            return f"a {p.dtype} parameter on {p.device.type}; fused kernels exist for floats on {sorted(devices)}"
+    return None
 
 
 def lr_multiplier(step: int, cfg: OptimConfig, total_steps: int) -> float:

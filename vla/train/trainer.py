@@ -162,6 +162,16 @@ class Trainer:
                     "here, so every step will be far slower than with --set train.precision=fp32",
                     cpu_bf16_slowdown(),
                 )
+        if cfg.train.precision == "bf16" and self.rt.device.type == "cuda" and self.rt.is_main:
+            major, minor = torch.cuda.get_device_capability(self.rt.device)
+            if major < 8:  # torch.cuda.is_bf16_supported() says True there: emulated
+                log.warning(
+                    "train.precision=bf16 on %s (compute capability %d.%d) has no bf16 tensor cores (they start "
+                    "with Ampere, 8.0): bf16 is emulated and slow; --set train.precision=fp32 is faster there",
+                    torch.cuda.get_device_name(self.rt.device),
+                    major,
+                    minor,
+                )
         # bf16 autocast rounds frozen weights at every call: round them once (the same numbers; FSDP2 shards need
         # one dtype per layer and keeps its own mixed-precision policy)
         hold = cfg.train.precision == "bf16" and cfg.train.frozen_bf16 and self.rt.strategy != "fsdp2"
@@ -368,7 +378,7 @@ class Trainer:
                     self.loader.epoch,
                 )
         if rng is not None:
-            ckpt.set_rng_state(rng)
+            ckpt.set_rng_state(rng, self.rt.device)
         if self.rt.is_main:
             log.warning("resumed from %s (step %d)", folder, self.step)
 
@@ -390,9 +400,9 @@ class Trainer:
         if self.ema is None:
             return
         decay = self.cfg.ema.decay
-        for n, p in self.model.named_parameters():
-            if n in self.ema:
-                self.ema[n].lerp_(p.detach().float(), 1 - decay)
+        pairs = [(self.ema[n], p.detach().float()) for n, p in self.model.named_parameters() if n in self.ema]
+        # one multi-tensor kernel (DTensor too) instead of a launch and dispatch per parameter; the same arithmetic
+        torch._foreach_lerp_([e for e, _ in pairs], [p for _, p in pairs], 1 - decay)
 
     @contextlib.contextmanager
     def _ema_weights(self):
@@ -748,6 +758,7 @@ class Trainer:
                 app_state=self._app_state(),
                 loader_state=self.loader.state_dict(),
                 attention=cpu_bf16_kernel_choices(),
+                device=rt.device,
             )
         rt.barrier()
         final = None
