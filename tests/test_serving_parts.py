@@ -351,7 +351,7 @@ def test_sync_client_never_reads_a_late_reply_as_the_next_answer() -> None:
     server = _SlowEchoServer()
     try:
         client = WebsocketClient(server.url, timeout=0.2)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match=r"no answer from ws://.* within timeout=0\.2 s"):
             client.infer({"i": 0})
         server.release.set()
         assert server.late_sent.wait(30)  # the late reply went out (or found the connection closed)
@@ -372,7 +372,7 @@ def test_async_client_never_reads_a_late_reply_as_the_next_answer() -> None:
 
     async def run() -> list[int]:
         client = await AsyncWebsocketClient.open(server.url, timeout=0.2)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match=r"within timeout=0\.2 s"):  # before: TimeoutError('')
             await client.infer({"i": 0})
         server.release.set()
         while not server.late_sent.is_set():
@@ -494,6 +494,22 @@ def test_broker_prefetch_skips_the_stale_steps_and_blends_the_overlap() -> None:
     )
     with pytest.raises(ValueError, match=r"prefetch must be in 0\.\.execute"):
         ActionChunkBroker(policy, execute=2, prefetch=3)
+
+
+def test_broker_checks_its_settings_before_the_robot_moves() -> None:
+    """H < execute + prefetch is refused at the first chunk. Before, the first chunk was checked against execute
+    alone: the robot ran execute - 1 actions and the control loop failed mid-motion at the first switch."""
+    from vla.serving.client import AsyncWebsocketClient
+
+    broker = ActionChunkBroker(CountingPolicy(horizon=6), execute=5, prefetch=2)
+    with pytest.raises(ValueError, match=r"execute=5 \+ prefetch=2 needs \[H >= 7, A\]"):
+        broker.act({"t": 0})
+    with pytest.raises(ValueError, match="prefetch is a number of control steps"):
+        ActionChunkBroker(CountingPolicy(horizon=6), execute=3, prefetch=1.5)  # before: prefetch silently off
+    with pytest.raises(
+        TypeError, match="not an AsyncWebsocketClient"
+    ):  # before: 'coroutine' not subscriptable
+        ActionChunkBroker(AsyncWebsocketClient("ws://127.0.0.1:1"), execute=3)
 
 
 def test_broker_prefetch_equal_to_execute_queries_at_each_chunks_first_step() -> None:

@@ -25,7 +25,7 @@ from test_serving_parts import _policy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from vla.serving import server as server_mod
-from vla.serving.client import WebsocketClient
+from vla.serving.client import ClientClosedError, ConnectionRejectedError, ServerError, WebsocketClient
 from vla.serving.json_numpy import encode_json_numpy
 from vla.serving.modes import synthetic_observations
 from vla.serving.protocol import pack, unpack
@@ -431,3 +431,125 @@ def test_ready_url_brackets_ipv6_hosts() -> None:
     assert ws_url("127.0.0.1", 8000) == "ws://127.0.0.1:8000"
     assert ws_url("::", 8000) == "ws://[::]:8000" and ws_url("::1", 9) == "ws://[::1]:9"
     assert ws_url("localhost", 1) == "ws://localhost:1"
+
+
+# ---- the client against servers that fail ------------------------------------------------------------------------
+class _FrozenServer:
+    """Completes one WebSocket handshake by hand, sends a metadata frame, then never reads again (a frozen server
+    process): a client's send of a frame larger than the socket buffers blocks."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"ws://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        import hashlib
+
+        conn, _ = self.listener.accept()
+        self.conns.append(conn)
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += conn.recv(4096)
+        key = next(
+            line.split(b":", 1)[1].strip()
+            for line in request.split(b"\r\n")
+            if line.lower().startswith(b"sec-websocket-key")
+        )
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+        )
+        meta = pack({"protocol_version": 1})
+        conn.sendall(bytes([0x82, len(meta)]) + meta)  # one unmasked binary frame (< 126 bytes)
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.listener.close()
+
+
+def test_client_timeout_bounds_a_send_to_a_server_that_stopped_reading() -> None:
+    """Before, ``send`` had no timeout: a 32 MB request to a frozen server blocked ``infer`` forever (seen with 6 MB
+    on loopback; smaller on a slow link)."""
+    server = _FrozenServer()
+    try:
+        client = WebsocketClient(server.url, timeout=2.0)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"within timeout=2 s"):
+            client.infer({"images": {"primary": np.zeros(32 * 2**20, np.uint8)}})
+        assert time.monotonic() - start < 6
+        client.close()
+    finally:
+        server.close()
+
+
+def test_client_timeout_bounds_the_resend_after_a_dropped_connection(policy: Any) -> None:
+    """A request whose connection dropped is resent only within its ``timeout``: before, the reconnect could take
+    all of ``connect_timeout`` (30 s) and the robot got actions for an observation that old, with no error."""
+    run = Running(ServingApp(policy, ServeOptions(port=0)))
+    client = WebsocketClient(run.url, timeout=2.0, connect_timeout=60)
+    patient = WebsocketClient(run.url, timeout=60)
+    assert client.infer(_request(policy))["actions"].ndim == 2
+    run.stop()  # the server goes away between requests; nothing listens on its port any more
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"could not connect to ws://.* within timeout=2 s"):
+        client.infer(_request(policy))
+    assert time.monotonic() - start < 4
+
+    # close() from another thread ends a call that is waiting to reconnect (before: it went on for its budget)
+    def waiting() -> BaseException | None:
+        try:
+            patient.infer(_request(policy))
+        except BaseException as e:
+            return e
+        return None
+
+    thread, out = _in_thread(waiting)
+    time.sleep(1.0)
+    patient.close()
+    thread.join(5)
+    assert not thread.is_alive() and isinstance(out[0], ClientClosedError), out
+
+
+def test_client_errors_name_the_problem_and_never_the_key(policy: Any) -> None:
+    """A refused handshake carries the server's explanation (before: ``HTTP 401`` alone) and is not retried; an
+    http:// URL and a key with its file's newline are refused at once (before: retried for ``connect_timeout``,
+    then a traceback printing the key)."""
+    key = "k" * 24
+    with running(policy, api_key=key) as run:
+        start = time.monotonic()
+        with pytest.raises(ConnectionRejectedError) as rejected:
+            WebsocketClient(run.url, api_key="wrong" * 5, connect_timeout=30)
+        assert time.monotonic() - start < 5
+        assert isinstance(rejected.value, InvalidStatus) and rejected.value.response.status_code == 401
+        assert "HTTP 401: unauthorized: send the header 'Authorization: Api-Key <key>'" in str(rejected.value)
+        with WebsocketClient(run.url, api_key=key) as ok:
+            assert ok.infer(_request(policy))["actions"].ndim == 2
+    with pytest.raises(ValueError, match="a WebSocket URL is ws://HOST:PORT"):
+        WebsocketClient(run.http)
+    with pytest.raises(ValueError, match=r"keeps its newline: strip\(\) it") as bad_key:
+        WebsocketClient(run.url, api_key=key + "\n")
+    assert key not in str(bad_key.value)
+    for kwargs in ({"retries": -1}, {"timeout": 0}, {"connect_timeout": -1}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            WebsocketClient(run.url, **kwargs)
+
+
+def test_a_frame_over_twice_the_limit_is_not_resent(policy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server closes such a frame with 1009 as it arrives; the client says so and does not upload it again
+    (before: a dropped connection to it, so it reconnected and sent the whole frame once more)."""
+    real, connects = websockets.sync.client.connect, []
+    monkeypatch.setattr(
+        websockets.sync.client, "connect", lambda *a, **k: connects.append(1) or real(*a, **k)
+    )
+    limit = 256 * 1024
+    with running(policy, limits=Limits(max_frame_bytes=limit)) as run, WebsocketClient(run.url) as client:
+        big = {**_request(policy), "images": {"primary": np.zeros((1024, 1024, 3), np.uint8)}}
+        with pytest.raises(ServerError, match=r"over its frame size limit .*--max-frame-mb"):
+            client.infer(big)
+        assert len(connects) == 1  # no second connection for a resend
+        assert client.infer(_request(policy))["actions"].ndim == 2

@@ -16,6 +16,7 @@ clients, openpi's ``WebsocketClientPolicy``). Imports only numpy.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any, Protocol
 
@@ -29,7 +30,8 @@ class ChunkPolicy(Protocol):
 class ActionChunkBroker:
     """One action ``[A]`` per ``act(obs)`` call from chunks ``[H, A]`` of ``policy.infer``.
 
-    ``execute``: actions used from each chunk before re-querying (1 <= k <= H, checked at the first chunk).
+    ``execute``: actions used from each chunk before re-querying (1 <= k <= H, and k + p <= H with prefetch,
+    checked at the first chunk, before the robot moves).
     ``prefetch``: query p steps before the chunk runs out, in a background thread (0 = off); the observation's
     arrays are copied at the ``act`` call, so the robot loop may refill its buffers right after it.
     ``blend``: steps of linear blend after a prefetched switch (default ``prefetch``; 0 = switch hard).
@@ -39,12 +41,22 @@ class ActionChunkBroker:
     def __init__(
         self, policy: ChunkPolicy, execute: int, *, prefetch: int = 0, blend: int | None = None
     ) -> None:
+        for name, value in (("execute", execute), ("prefetch", prefetch), ("blend", blend)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
+                raise ValueError(
+                    f"ActionChunkBroker: {name} is a number of control steps (an int), got {value!r}"
+                )
         if execute < 1:
             raise ValueError(f"ActionChunkBroker: execute must be >= 1, got {execute}")
         if not 0 <= prefetch <= execute:
             raise ValueError(f"ActionChunkBroker: prefetch must be in 0..execute ({execute}), got {prefetch}")
-        self.policy, self.execute, self.prefetch = policy, execute, prefetch
-        self.blend = prefetch if blend is None else blend
+        if inspect.iscoroutinefunction(getattr(policy, "infer", None)):
+            raise TypeError(
+                "ActionChunkBroker runs in the robot's synchronous control loop (a prefetch on a thread): give it a "
+                "WebsocketClient (or openpi's WebsocketClientPolicy), not an AsyncWebsocketClient"
+            )
+        self.policy, self.execute, self.prefetch = policy, int(execute), int(prefetch)
+        self.blend = self.prefetch if blend is None else int(blend)
         if self.blend < 0:
             raise ValueError(f"ActionChunkBroker: blend must be >= 0, got {self.blend}")
         self.last_response: dict[str, Any] | None = None
@@ -78,10 +90,13 @@ class ActionChunkBroker:
         self.queries += 1
         self.last_response = response
         chunk = np.asarray(response["actions"], dtype=np.float32)
-        if chunk.ndim != 2 or chunk.shape[0] < self.execute:
+        # with prefetch, the later chunks are entered p actions in: the first chunk is checked for that already
+        need = self.execute + self.prefetch
+        if chunk.ndim != 2 or chunk.shape[0] < need:
+            what = f"execute={self.execute}" + (f" + prefetch={self.prefetch}" if self.prefetch else "")
             raise ValueError(
-                f"ActionChunkBroker: the policy returned actions of shape {list(chunk.shape)}, but execute="
-                f"{self.execute} needs [H >= {self.execute}, A]; lower execute to at most the chunk length"
+                f"ActionChunkBroker: the policy returned actions of shape {list(chunk.shape)}, but {what} needs "
+                f"[H >= {need}, A]; lower them to fit the chunk length"
             )
         self._step = 0
         return chunk

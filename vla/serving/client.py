@@ -23,17 +23,23 @@ Needs only numpy, msgpack and websockets (``pip install numpy msgpack websockets
 ``AsyncWebsocketClient`` is the same for asyncio (``async with`` / ``await client.infer(obs)``). A server error
 (bad request, unsafe actions) raises ``ServerError`` with the server's one-line message; the server closes the
 connection after an error and the next ``infer`` reconnects. A dropped connection is re-opened and the request
-sent once more (``retries``), with ``timeout`` seconds for each response. Any other failure of a request (a
-timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection before it is raised, and the
-next ``infer`` reconnects: the late reply to the abandoned request must never be read as the answer to the next one
-(a robot would act on an old chunk). ``close()`` ends a client for good: a request in flight on another thread
-or task raises ``ClientClosedError`` instead of reconnecting, and so does every later ``infer``.
+sent once more (``retries``). ``timeout`` bounds a whole ``infer`` (sending, any reconnect and resend, the answer):
+an answer never comes from an observation older than that, and a server that stops reading cannot block a send
+forever. ``connect_timeout`` bounds the first connection (the server may still be loading). Any other failure of a
+request (a timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection before it is
+raised, and the next ``infer`` reconnects: the late reply to the abandoned request must never be read as the
+answer to the next one (a robot would act on an old chunk). ``close()`` ends a client for good: a request in
+flight on another thread or task, or one waiting to reconnect, raises ``ClientClosedError`` instead, and so does
+every later ``infer``. A server's refusal of the connection (a wrong API key: 401; too many connections: 503)
+raises ``ConnectionRejectedError`` with the server's message, at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +52,14 @@ import websockets.sync.client
 from vla.serving.broker import ActionChunkBroker
 from vla.serving.protocol import ProtocolError, pack, unpack
 
-__all__ = ["ActionChunkBroker", "AsyncWebsocketClient", "ClientClosedError", "ServerError", "WebsocketClient"]
+__all__ = [
+    "ActionChunkBroker",
+    "AsyncWebsocketClient",
+    "ClientClosedError",
+    "ConnectionRejectedError",
+    "ServerError",
+    "WebsocketClient",
+]
 
 # websockets >= 17 warns unless a long-lived sync connection opts in with legacy=True; older versions lack the flag.
 _SYNC_LEGACY = (
@@ -66,9 +79,61 @@ class ClientClosedError(RuntimeError):
     """``infer`` on a client that ``close()`` ended (before or during the request); open a new client."""
 
 
+class ConnectionRejectedError(websockets.exceptions.InvalidStatus):
+    """The server refused the WebSocket handshake with an HTTP status (401: no or a wrong API key; 503: its
+    ``--max-connections`` reached or shutting down); the message carries the server's own explanation. Retrying
+    does not help. A subclass of websockets' ``InvalidStatus``: ``.response.status_code`` and ``.body`` as there."""
+
+    def __init__(self, url: str, rejected: websockets.exceptions.InvalidStatus) -> None:
+        super().__init__(rejected.response)
+        self.url = url
+
+    def __str__(self) -> str:
+        body = (self.response.body or b"").decode("utf-8", "replace").strip()[:300]
+        return f"{self.url} refused the connection: HTTP {self.response.status_code}" + (
+            f": {body}" if body else ""
+        )
+
+
 def _closed_error(client: object) -> ClientClosedError:
     return ClientClosedError(
         f"{type(client).__name__} for {getattr(client, 'url', '?')} was closed; open a new client to go on"
+    )
+
+
+def _options(url: str, api_key: str | None, timeout: float, connect_timeout: float, retries: int) -> str:
+    """Check a client's arguments (each mistake here would otherwise surface as a retried connect or a late,
+    cryptic error); returns the URL with ``ws://`` added when it has no scheme."""
+    if "://" in url and not url.startswith(("ws://", "wss://")):
+        raise ValueError(
+            f"url {url!r}: a WebSocket URL is ws://HOST:PORT (wss:// behind a TLS proxy); vla serve prints it "
+            "in its ready line (the http:// one there is for REST)"
+        )
+    if api_key is not None and (
+        not api_key or api_key != api_key.strip() or not all(" " <= c <= "~" for c in api_key)
+    ):
+        # the key itself is never printed
+        raise ValueError(
+            "api_key: must be printable ASCII without leading or trailing whitespace (a key read from a file "
+            "keeps its newline: strip() it)"
+        )
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if not connect_timeout >= 0:
+        raise ValueError(f"connect_timeout must be >= 0 seconds, got {connect_timeout}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0 (resends after a dropped connection), got {retries!r}")
+    return url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+
+
+def _connect_failed(client: Any, e: BaseException, budget: str) -> BaseException:
+    """The error to raise when connecting has failed for good: ``ClientClosedError`` if ``close()`` ended the
+    client meanwhile; else one naming the URL and the time budget spent (``connect_timeout`` or ``timeout``)."""
+    if client._closed:
+        return _closed_error(client)
+    return ConnectionError(
+        f"could not connect to {client.url} within {budget}={getattr(client, budget):g} s: {type(e).__name__}: {e} "
+        "(is vla serve running there, and ready? it refuses connections while loading)"
     )
 
 
@@ -76,12 +141,48 @@ def _after_failed_exchange(client: Any, e: Exception, drop: Callable[[], None], 
     """What a failed send/recv of ``client`` (sync or asyncio) leads to: ``ClientClosedError`` when ``close()``
     ended the client meanwhile (never a reconnect); otherwise the connection is dropped (a late reply must not
     answer the next request) and the error raised, except a dropped connection with attempts left: then the caller
-    reconnects and sends again."""
+    reconnects and sends again. A close for a frame over the server's size limit (1009) is never resent."""
     if client._closed:
         raise _closed_error(client) from e
     drop()
+    if isinstance(e, TimeoutError):
+        raise TimeoutError(
+            f"no answer from {client.url} within timeout={client.timeout:g} s; the connection was closed so that "
+            "a late answer is never read as the next request's, and the next infer reconnects"
+        ) from e
+    if isinstance(e, websockets.exceptions.ConnectionClosed) and e.rcvd is not None and e.rcvd.code == 1009:
+        raise ServerError(
+            f"{client.url} closed the connection: the request is over its frame size limit ({e.rcvd.reason}); "
+            "send smaller images, or start the server with a larger --max-frame-mb"
+        ) from e
     if last_attempt or not isinstance(e, websockets.exceptions.ConnectionClosed):
         raise e
+
+
+def _send_within(ws: websockets.sync.client.ClientConnection, frame: bytes, seconds: float) -> None:
+    """``ws.send(frame)``, failing with ``TimeoutError`` after ``seconds``: a server that stops reading (frozen, or a
+    congested link once the socket's buffer is full) would block it forever. The watchdog shuts the socket down,
+    which ends the blocked send; the connection is dropped after a timeout anyway."""
+    fired = threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        with contextlib.suppress(OSError):  # already closed
+            ws.socket.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(max(seconds, 0.0), expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        ws.send(frame)
+    except Exception as e:
+        if fired.is_set():
+            raise TimeoutError("sending the request timed out") from e
+        raise
+    finally:
+        timer.cancel()
+    if fired.is_set():  # expired just as the send finished: the socket is shut
+        raise TimeoutError("sending the request timed out")
 
 
 def _headers(api_key: str | None) -> dict[str, str] | None:
@@ -122,7 +223,7 @@ class WebsocketClient:
         connect_timeout: float = 30.0,
         retries: int = 1,
     ) -> None:
-        self.url = url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+        self.url = _options(url, api_key, timeout, connect_timeout, retries)
         self.api_key, self.timeout, self.connect_timeout, self.retries = (
             api_key,
             timeout,
@@ -135,29 +236,34 @@ class WebsocketClient:
         self._closed = False  # close() was called: never reconnect
         self._connect()
 
-    def _connect(self) -> None:
-        """Open the connection, retrying until ``connect_timeout`` (the server may still be loading)."""
-        deadline = time.monotonic() + self.connect_timeout
+    def _connect(self, deadline: float | None = None) -> None:
+        """Open the connection and read the metadata frame, retrying failed attempts until ``deadline`` (default:
+        ``connect_timeout`` from now; the server may still be loading; inside ``infer``: the request's own)."""
+        budget = "connect_timeout" if deadline is None else "timeout"
+        if deadline is None:
+            deadline = time.monotonic() + self.connect_timeout
         while True:
+            if self._closed:
+                raise _closed_error(self)
             try:
                 self._ws = websockets.sync.client.connect(
                     self.url,
                     compression=None,
                     max_size=_MAX_RESPONSE_BYTES,
                     additional_headers=_headers(self.api_key),
-                    open_timeout=max(1.0, deadline - time.monotonic()),
+                    open_timeout=max(0.1, deadline - time.monotonic()),
                     close_timeout=_CLOSE_TIMEOUT,
                     **_SYNC_LEGACY,
                 )
                 break
-            except websockets.exceptions.InvalidStatus:  # 401 and friends: retrying will not help
-                raise
-            except (OSError, TimeoutError, websockets.exceptions.WebSocketException):
-                if time.monotonic() >= deadline:
-                    raise
+            except websockets.exceptions.InvalidStatus as e:  # 401 and friends: retrying will not help
+                raise ConnectionRejectedError(self.url, e) from None
+            except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as e:
+                if time.monotonic() >= deadline or self._closed:
+                    raise _connect_failed(self, e, budget) from e
                 time.sleep(0.2)
         try:
-            self.metadata = _response(self._ws.recv(timeout=self.timeout))
+            self.metadata = _response(self._ws.recv(timeout=max(0.1, deadline - time.monotonic())))
         except BaseException:
             self._drop()
             raise
@@ -169,11 +275,12 @@ class WebsocketClient:
             return self._exchange(frame)
 
     def _exchange(self, frame: bytes) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout  # the whole request, reconnects and resends included
         for attempt in range(self.retries + 1):
             if self._closed:
                 raise _closed_error(self)
             if self._ws is None:
-                self._connect()
+                self._connect(deadline)
                 if self._closed:  # closed while connecting
                     self._drop()
                     raise _closed_error(self)
@@ -181,8 +288,8 @@ class WebsocketClient:
             if ws is None:  # only close() empties it while a call holds the turn
                 raise _closed_error(self)
             try:
-                ws.send(frame)
-                reply = ws.recv(timeout=self.timeout)
+                _send_within(ws, frame, deadline - time.monotonic())
+                reply = ws.recv(timeout=max(0.0, deadline - time.monotonic()))
             except Exception as e:
                 _after_failed_exchange(self, e, self._drop, attempt == self.retries)
                 continue
@@ -231,7 +338,7 @@ class AsyncWebsocketClient:
         connect_timeout: float = 30.0,
         retries: int = 1,
     ) -> None:
-        self.url = url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+        self.url = _options(url, api_key, timeout, connect_timeout, retries)
         self.api_key, self.timeout, self.connect_timeout, self.retries = (
             api_key,
             timeout,
@@ -251,28 +358,35 @@ class AsyncWebsocketClient:
         await client.connect()
         return client
 
-    async def connect(self) -> None:
-        """Open the connection, retrying until ``connect_timeout`` (the server may still be loading)."""
-        deadline = time.monotonic() + self.connect_timeout
+    async def connect(self, deadline: float | None = None) -> None:
+        """Open the connection and read the metadata frame, retrying failed attempts until ``deadline`` (default:
+        ``connect_timeout`` from now; the server may still be loading; inside ``infer``: the request's own)."""
+        budget = "connect_timeout" if deadline is None else "timeout"
+        if deadline is None:
+            deadline = time.monotonic() + self.connect_timeout
         while True:
+            if self._closed:
+                raise _closed_error(self)
             try:
                 self._ws = await websockets.asyncio.client.connect(
                     self.url,
                     compression=None,
                     max_size=_MAX_RESPONSE_BYTES,
                     additional_headers=_headers(self.api_key),
-                    open_timeout=max(1.0, deadline - time.monotonic()),
+                    open_timeout=max(0.1, deadline - time.monotonic()),
                     close_timeout=_CLOSE_TIMEOUT,
                 )
                 break
-            except websockets.exceptions.InvalidStatus:
-                raise
-            except (OSError, TimeoutError, websockets.exceptions.WebSocketException):
-                if time.monotonic() >= deadline:
-                    raise
+            except websockets.exceptions.InvalidStatus as e:  # 401 and friends: retrying will not help
+                raise ConnectionRejectedError(self.url, e) from None
+            except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as e:
+                if time.monotonic() >= deadline or self._closed:
+                    raise _connect_failed(self, e, budget) from e
                 await asyncio.sleep(0.2)
         try:
-            self.metadata = _response(await asyncio.wait_for(self._ws.recv(), self.timeout))
+            self.metadata = _response(
+                await asyncio.wait_for(self._ws.recv(), max(0.1, deadline - time.monotonic()))
+            )
         except BaseException:
             self._abort()
             raise
@@ -284,11 +398,12 @@ class AsyncWebsocketClient:
             return await self._exchange(frame)
 
     async def _exchange(self, frame: bytes) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout  # the whole request, reconnects and resends included
         for attempt in range(self.retries + 1):
             if self._closed:
                 raise _closed_error(self)
             if self._ws is None:
-                await self.connect()
+                await self.connect(deadline)
                 if self._closed:  # closed while connecting
                     self._abort()
                     raise _closed_error(self)
@@ -296,8 +411,8 @@ class AsyncWebsocketClient:
             if ws is None:  # only close() empties it while a call holds the turn
                 raise _closed_error(self)
             try:
-                await ws.send(frame)
-                reply = await asyncio.wait_for(ws.recv(), self.timeout)
+                await asyncio.wait_for(ws.send(frame), max(0.0, deadline - time.monotonic()))
+                reply = await asyncio.wait_for(ws.recv(), max(0.0, deadline - time.monotonic()))
             except Exception as e:
                 _after_failed_exchange(self, e, self._abort, attempt == self.retries)
                 continue
