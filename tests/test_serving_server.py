@@ -25,7 +25,7 @@ from test_serving_parts import _policy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from vla.serving import server as server_mod
-from vla.serving.client import ClientClosedError, ConnectionRejectedError, ServerError, WebsocketClient
+from vla.serving.client import ClientClosedError, ConnectionRejectedError, WebsocketClient
 from vla.serving.json_numpy import encode_json_numpy
 from vla.serving.modes import synthetic_observations
 from vla.serving.protocol import pack, unpack
@@ -539,9 +539,12 @@ def test_client_errors_name_the_problem_and_never_the_key(policy: Any) -> None:
             WebsocketClient(run.url, **kwargs)
 
 
-def test_a_frame_over_twice_the_limit_is_not_resent(policy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server closes such a frame with 1009 as it arrives; the client says so and does not upload it again
-    (before: a dropped connection to it, so it reconnected and sent the whole frame once more)."""
+def test_a_frame_over_the_servers_limit_is_never_uploaded(
+    policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client checks a request against the limit in the server's metadata. Before, it uploaded it; one over
+    twice the limit the server cut off (1009), which the client took for a dropped connection: it reconnected and
+    uploaded the whole frame once more."""
     real, connects = websockets.sync.client.connect, []
     monkeypatch.setattr(
         websockets.sync.client, "connect", lambda *a, **k: connects.append(1) or real(*a, **k)
@@ -549,7 +552,12 @@ def test_a_frame_over_twice_the_limit_is_not_resent(policy: Any, monkeypatch: py
     limit = 256 * 1024
     with running(policy, limits=Limits(max_frame_bytes=limit)) as run, WebsocketClient(run.url) as client:
         big = {**_request(policy), "images": {"primary": np.zeros((1024, 1024, 3), np.uint8)}}
-        with pytest.raises(ServerError, match=r"over its frame size limit .*--max-frame-mb"):
-            client.infer(big)
+        assert client.metadata["max_frame_bytes"] == limit
+        for image in (np.zeros((1024, 1024, 3), np.uint8), np.zeros((300, 300, 3), np.uint8)):  # 12x, ~1.03x
+            with pytest.raises(
+                ValueError, match=rf"over ws://.*'s frame limit of {limit} bytes .*--max-frame-mb"
+            ):
+                client.infer({**big, "images": {"primary": image}})
         assert len(connects) == 1  # no second connection for a resend
+        assert _metric(run, 'vla_serve_errors_total{kind="limit"}') == 0.0  # nothing reached the server
         assert client.infer(_request(policy))["actions"].ndim == 2

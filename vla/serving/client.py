@@ -159,6 +159,18 @@ def _after_failed_exchange(client: Any, e: Exception, drop: Callable[[], None], 
         raise e
 
 
+def _check_frame_size(client: Any, frame: bytes) -> None:
+    """Refuse a request over the frame limit the server announced in its metadata (``max_frame_bytes``), before a
+    byte of it is uploaded: the server would refuse it anyway, and one over twice its limit it cuts off mid-upload
+    (close 1009), which can reach the client as a reset connection that looks like a dropped one."""
+    limit = client.metadata.get("max_frame_bytes")
+    if isinstance(limit, int) and not isinstance(limit, bool) and len(frame) > limit:
+        raise ValueError(
+            f"the request is {len(frame)} bytes, over {client.url}'s frame limit of {limit} bytes (its "
+            "--max-frame-mb): send smaller images, or start the server with a larger --max-frame-mb"
+        )
+
+
 def _send_within(ws: websockets.sync.client.ClientConnection, frame: bytes, seconds: float) -> None:
     """``ws.send(frame)``, failing with ``TimeoutError`` after ``seconds``: a server that stops reading (frozen, or a
     congested link once the socket's buffer is full) would block it forever. The watchdog shuts the socket down,
@@ -287,6 +299,7 @@ class WebsocketClient:
             ws = self._ws  # close() from another thread may set self._ws to None at any moment
             if ws is None:  # only close() empties it while a call holds the turn
                 raise _closed_error(self)
+            _check_frame_size(self, frame)
             try:
                 _send_within(ws, frame, deadline - time.monotonic())
                 reply = ws.recv(timeout=max(0.0, deadline - time.monotonic()))
@@ -410,6 +423,7 @@ class AsyncWebsocketClient:
             ws = self._ws  # another task's close() may set self._ws to None while this one awaits
             if ws is None:  # only close() empties it while a call holds the turn
                 raise _closed_error(self)
+            _check_frame_size(self, frame)
             try:
                 await asyncio.wait_for(ws.send(frame), max(0.0, deadline - time.monotonic()))
                 reply = await asyncio.wait_for(ws.recv(), max(0.0, deadline - time.monotonic()))
