@@ -1433,3 +1433,60 @@ def test_fused_adamw_falls_back_when_a_parameter_has_no_fused_kernel(
     for p in (good, odd):
         p.grad = torch.ones_like(p)
     opt.step()  # before: RuntimeError "`fused=True` requires all the params to be floating point Tensors"
+
+
+def test_a_diverging_run_stops_before_writing_nan_weights_and_keeps_its_checkpoints(
+    wx: Path, tmp_path: Path
+) -> None:
+    """A non-finite loss or gradient norm stops the run at that step with the fix named; the update is not applied
+    and no checkpoint written. Before, the run went on to "done" with NaN weights, and train.keep_last pruned the
+    last good checkpoints in favour of NaN ones that no command could load. metrics.jsonl stays strict JSON."""
+    from vla.models.run_dir import latest_complete
+    from vla.train.trainer import TrainingDivergedError
+
+    run = tmp_path / "run"
+    train(load_train_config("debug", _args(wx, "train.keep_last=1", steps=2)), run)
+    good = latest_complete(run)
+    before = weights(good)
+    over = _args(wx, "train.keep_last=1", "optim.lr=1e12", "train.grad_clip=0", steps=40, save_every=40)
+    with pytest.raises(
+        TrainingDivergedError, match=r"training diverged at step .*Lower optim\.lr"
+    ) as diverged:
+        train(load_train_config("debug", over), run)
+    assert 2 < diverged.value.step < 40
+    assert f"the newest checkpoint, {good}, is intact" in str(diverged.value)
+    assert latest_complete(run) == good and sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        good.name
+    ]
+    after = weights(good)
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # strict: no NaN
+    event = next(r for r in rows if r.get("event") == "diverged")
+    assert event["step"] == diverged.value.step and event["checkpoint"] == str(good)
+    # the CLI: one line, exit 2
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(over)])
+    assert (
+        r.returncode == 2 and "error: training diverged at step" in r.stderr and "Traceback" not in r.stderr
+    )
+
+
+def test_run_dir_that_is_a_checkpoint_model_or_dataset_is_refused(wx: Path, tmp_path: Path) -> None:
+    """LeRobot users resume from a checkpoint folder; here that started a new run from step 0 inside the published
+    checkpoint, writing checkpoints/, config.yaml and metrics into it, and exited 0."""
+    run = tmp_path / "run"
+    train(load_train_config("debug", _args(wx, steps=2)), run)
+    step = run / "checkpoints" / "step-0000002"
+    listing = sorted(p.name for p in step.iterdir())
+    for target, said in [
+        (step, f"a checkpoint folder inside a run, not a run folder; to resume that run, pass its run folder: "
+               f"--run-dir {run}"),
+        (wx, f"a dataset folder, not a run folder; give the dataset as data.datasets=[{wx}]"),
+    ]:  # fmt: skip
+        r = run_cli(["train", "debug", "--run-dir", str(target), *_sets(_args(wx, steps=4))])
+        assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in step.iterdir()) == listing  # nothing written into it
+    model = tmp_path / "model"
+    shutil.copytree(step, model)
+    with pytest.raises(ValueError, match=r"a model folder .* vla finetune"):
+        train(load_train_config("debug", _args(wx, steps=4)), model)
+    train(load_train_config("debug", _args(wx, steps=4)), run)  # the run folder itself resumes

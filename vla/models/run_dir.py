@@ -107,6 +107,36 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return p
 
 
+def check_run_dir_target(path: str | Path) -> None:
+    """Refuse a ``--run-dir`` that is something else: a checkpoint step folder (resuming is re-running with the run
+    folder that holds ``checkpoints/``), a model folder or a dataset. A run started there would write its own
+    ``checkpoints/``, ``config.yaml`` and metrics into it, from step 0. A missing or empty folder, or a run
+    folder, passes."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        if p.exists():
+            raise ValueError(f"--run-dir {path}: a file, not a folder")
+        return
+    p = p.resolve()
+    if p.parent.name == CHECKPOINTS and (STEP_DIR.match(p.name) or LEFTOVER.fullmatch(p.name)):
+        raise ValueError(
+            f"--run-dir {path}: a checkpoint folder inside a run, not a run folder; to resume that run, pass its "
+            f"run folder: --run-dir {p.parent.parent} (it continues from the newest complete checkpoint)"
+        )
+    if (p / CHECKPOINTS).is_dir() or any((p / f).exists() for f in RUN_FILES):
+        return  # a run folder
+    if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
+        raise ValueError(
+            f"--run-dir {path}: a model folder (config.json + weights), not a run folder; train into a new "
+            f"folder (to start from this model: vla finetune {p} --embodiment NAME --run-dir NEW_FOLDER)"
+        )
+    if (p / "meta" / "info.json").is_file() or (p / "dataset_info.json").is_file():
+        raise ValueError(
+            f"--run-dir {path}: a dataset folder, not a run folder; give the dataset as data.datasets=[{p}] and "
+            "--run-dir a new folder"
+        )
+
+
 def display_name(path: str | Path) -> str:
     """A short name for a resolved checkpoint, fit to show to clients without the server's file layout:
     ``RUN/step-0000100`` for a training step folder, the folder's name for a plain checkpoint folder, a hub id

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -88,7 +89,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         row = {"step": step, "time": round(time.perf_counter() - self.t0, 3), **metrics}
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(_json_line(row))
         self._to_wandb(
             lambda w: w.log({k: v for k, v in row.items() if isinstance(v, int | float)}, step=step)
         )
@@ -115,7 +116,7 @@ class MetricsLogger:
         """A one-off line (checkpoint written, validation loss) on the console and in metrics.jsonl."""
         if not self.enabled:
             return
-        self._file.write(json.dumps({"step": step, "event": message, **fields}) + "\n")
+        self._file.write(_json_line({"step": step, "event": message, **fields}))
         if fields:
             self._to_wandb(
                 lambda w: w.log({k: v for k, v in fields.items() if isinstance(v, int | float)}, step=step)
@@ -186,3 +187,10 @@ def _init_wandb(cfg: LoggingConfig, run_dir: Path, config: dict[str, Any]) -> An
 def _netrc_has_wandb() -> bool:
     netrc = Path.home() / ".netrc"
     return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    """One metrics.jsonl line of strict JSON: a non-finite number (a diverged loss) is written as null, not as the
+    bare ``NaN`` that ``json.dumps`` writes and strict JSON readers (jq, JavaScript, pandas' ujson) refuse."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import random
 import resource
 import time
@@ -38,7 +39,7 @@ from vla.models.attention import (
 )
 from vla.models.backbone import resolve_pretrained
 from vla.models.compiled import frozen_compile
-from vla.models.run_dir import CHECKPOINTS, latest_complete
+from vla.models.run_dir import CHECKPOINTS, check_run_dir_target, latest_complete
 from vla.train import checkpoint as ckpt
 from vla.train.config import (
     AUTO_COMPILE_MARGIN,
@@ -59,6 +60,28 @@ log = logging.getLogger(__name__)
 
 #: the "step" whose flow noise validation uses (fixed, and never a training step: those stay below 10**7)
 _VALIDATION_STEP = 2**32
+
+
+class TrainingDivergedError(RuntimeError):
+    """A step's loss or gradient norm was not finite: the step is not applied and the run stops (every rank at the
+    same step) before a checkpoint of NaN weights could be written, or ``train.keep_last`` prune the good ones."""
+
+    def __init__(self, step: int, loss: float, grad_norm: float, message: str | None = None) -> None:
+        super().__init__(message or f"step {step}: loss {loss}, gradient norm {grad_norm}")
+        self.step, self.loss, self.grad_norm = step, loss, grad_norm
+
+    def explained(self, last: Path | None, groups: list[dict[str, Any]]) -> TrainingDivergedError:
+        kept = f"the newest checkpoint, {last}, is intact" if last else "no checkpoint was written yet"
+        lrs = ", ".join(f"{g['name']} {g['lr']:.2e}" for g in groups)
+        return TrainingDivergedError(
+            self.step,
+            self.loss,
+            self.grad_norm,
+            f"training diverged at step {self.step}: loss {self.loss}, gradient norm {self.grad_norm}. The step was "
+            f"not applied and no checkpoint is written; {kept}. Lower optim.lr (learning rates now: {lrs}), "
+            "raise optim.warmup_steps or set train.grad_clip, check the data for NaN/inf (vla data validate), "
+            "then re-run the same command to resume from the newest checkpoint",
+        )
 
 
 class ResumeError(ValueError):
@@ -590,12 +613,18 @@ class Trainer:
             per_ds[0].index_add_(0, ds, err)
             per_ds[1].index_add_(0, ds, w)
         grad_norm = rt.clip_grad_norm(self.model, self.cfg.train.grad_clip)
+        per_emb, per_ds = rt.all_reduce_sum(per_emb), rt.all_reduce_sum(per_ds)
+        loss = float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1))
+        if not (math.isfinite(grad_norm) and math.isfinite(loss)):
+            # the same on every rank (a global norm, a reduced loss): all stop together, before the update that
+            # would make every weight NaN
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDivergedError(self.step + 1, loss, grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._update_ema()
-        per_emb, per_ds = rt.all_reduce_sum(per_emb), rt.all_reduce_sum(per_ds)
-        metrics: dict[str, Any] = {"loss": float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1))}
+        metrics: dict[str, Any] = {"loss": loss}
         metrics["grad_norm"] = grad_norm
         for i, s in enumerate(self.model.specs):
             if per_emb[1, i] > 0:
@@ -650,7 +679,11 @@ class Trainer:
                     t0 += time.perf_counter() - deciding
                     if self.compile_decision["parts"]:
                         logger.event(self.step, "compile", **self.compile_decision)
-                metrics = self._train_step(micro)
+                try:
+                    metrics = self._train_step(micro)
+                except TrainingDivergedError as e:
+                    logger.event(e.step, "diverged", loss=e.loss, grad_norm=e.grad_norm, checkpoint=str(last))
+                    raise e.explained(last, self.optimizer.param_groups) from None
                 self.step += 1
                 self.samples_seen += self.global_batch
                 window.add(metrics, time.perf_counter() - t0, wait)
@@ -793,6 +826,7 @@ def train(
 ) -> TrainResult:
     """Run (or resume) a training run in ``run_dir``; returns where it ended. One run trains in a folder at a time
     (``checkpoint.run_dir_lock``)."""
+    check_run_dir_target(run_dir)  # every rank alike, before anything is written there
     mark_launch()  # a STOP file older than this was left from before (vla.train.stop)
     env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, before any process waits for another
     # the process group first: every rank learns whether rank 0 got the folder, and all refuse together
