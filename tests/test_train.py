@@ -1490,3 +1490,27 @@ def test_run_dir_that_is_a_checkpoint_model_or_dataset_is_refused(wx: Path, tmp_
     with pytest.raises(ValueError, match=r"a model folder .* vla finetune"):
         train(load_train_config("debug", _args(wx, steps=4)), model)
     train(load_train_config("debug", _args(wx, steps=4)), run)  # the run folder itself resumes
+
+
+@pytest.mark.parametrize("damage", ["dcp", "config"])
+def test_a_damaged_complete_checkpoint_names_the_folder_and_the_one_before(
+    wx: Path, tmp_path: Path, damage: str
+) -> None:
+    """A checkpoint marked complete whose train state was cut short afterwards (a disk error, a partial copy):
+    before, a raw CheckpointException/EOFError traceback, or (config.yaml) a list of every setting as changed."""
+    run = tmp_path / "run"
+    train(load_train_config("debug", _args(wx, steps=4)), run)
+    newest = run / "checkpoints" / "step-0000004"
+    target = (
+        next((newest / "train_state" / "dcp").glob("*.distcp"))
+        if damage == "dcp"
+        else newest / "train_state" / "config.yaml"
+    )
+    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 3])
+    over = _args(wx, steps=6)
+    r = run_cli(["train", "debug", "--run-dir", str(run), *_sets(over)])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"{newest}: marked complete but its training state cannot be read" in r.stderr, r.stderr[-3000:]
+    assert "to resume from step-0000002, the one before" in r.stderr
+    newest.rename(run / "checkpoints" / "damaged-step-0000004")  # as the message says
+    assert train(load_train_config("debug", over), run).step == 6

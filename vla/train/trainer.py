@@ -21,6 +21,7 @@ import random
 import resource
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from vla.models.attention import (
 )
 from vla.models.backbone import resolve_pretrained
 from vla.models.compiled import frozen_compile
-from vla.models.run_dir import CHECKPOINTS, check_run_dir_target, latest_complete
+from vla.models.run_dir import CHECKPOINTS, check_run_dir_target, complete_steps, latest_complete
 from vla.train import checkpoint as ckpt
 from vla.train.config import (
     AUTO_COMPILE_MARGIN,
@@ -213,7 +214,8 @@ class Trainer:
         # checkpoint's kernels (_resume)
         reset_cpu_bf16_kernels()
         if self.resume_from is not None:
-            self._resume(self.resume_from)
+            with _damaged_checkpoint(self.resume_from):
+                self._resume(self.resume_from)
         self.val_loader = self._build_val_loader()
 
     # ---- fine-tuning -------------------------------------------------------------------------------------------
@@ -301,9 +303,12 @@ class Trainer:
             if self.rt.is_main:
                 cfg_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
             return None
-        saved = yaml.safe_load((latest / ckpt.TRAIN_STATE / "config.yaml").read_text())
+        with _damaged_checkpoint(latest):
+            saved = yaml.safe_load((latest / ckpt.TRAIN_STATE / "config.yaml").read_text())
+            meta = ckpt.read_trainer_meta(latest)
+            if not isinstance(saved, dict) or not isinstance(saved.get("train"), dict):
+                raise ValueError(f"{ckpt.TRAIN_STATE}/config.yaml holds no run configuration")
         bad, ok = diff_configs(saved, self.config)
-        meta = ckpt.read_trainer_meta(latest)
         batch = self.global_batch
         if meta["global_batch"] != batch:
             bad.append(
@@ -815,6 +820,35 @@ class Trainer:
             ckpt.prune(self.run_dir, self.cfg.train.keep_last, self.cfg.checkpoint.keep_every)
         rt.barrier()
         return final or self.run_dir / CHECKPOINTS / ckpt.step_dir_name(step)
+
+
+@contextlib.contextmanager
+def _damaged_checkpoint(folder: Path) -> Iterator[None]:
+    """Turn a failure to read a checkpoint marked complete (a file truncated or changed after the write: a disk
+    error, a copy cut short, an edit) into a ``ResumeError`` naming the folder and how to resume from the one
+    before; the run's own refusals (``ResumeError``) pass through."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+    try:
+        yield
+    except ResumeError:
+        raise
+    except (Exception, CheckpointException) as e:
+        run = folder.parent.parent
+        earlier = [p for p in complete_steps(run) if p != folder]
+        fallback = (
+            f"resume from {earlier[-1].name}, the one before"
+            if earlier
+            else "start anew (it is the run's only one)"
+        )
+        # the last line: DCP's CheckpointException carries each rank's whole traceback in its text
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        why = f"{type(e).__name__}: {lines[-1][:300] if lines else ''}"
+        raise ResumeError(
+            f"{folder}: marked complete but its training state cannot be read ({why}); it was changed or cut "
+            f"short after it was written. Move it aside "
+            f"(mv {folder} {folder.parent / ('damaged-' + folder.name)}) and re-run the same command to {fallback}"
+        ) from e
 
 
 def train(
