@@ -1514,3 +1514,27 @@ def test_a_damaged_complete_checkpoint_names_the_folder_and_the_one_before(
     assert "to resume from step-0000002, the one before" in r.stderr
     newest.rename(run / "checkpoints" / "damaged-step-0000004")  # as the message says
     assert train(load_train_config("debug", over), run).step == 6
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("optim.lr=null", "optim.lr: expected a number, got null (YAML reads null"),
+        ("train.seed=null", "train.seed: expected an integer, got null"),
+        ("model.backbone=3", "model.backbone: expected a mapping of BackboneConfig settings, got 3"),
+        ("data.datasets=null", "data.datasets: expected a list of strings, got null"),
+        ("train.steps=[1,2]", "train.steps: expected an integer, got [1, 2]"),
+        ("optim.betas=0.9", "optim.betas: expected a list of 2 (a number, a number), got 0.9"),
+        ("train.steps=true", "train.steps: expected an integer, got true (YAML reads yes/no/on/off/true/false"),
+        ("train.compile=no", "train.compile: expected a string, got false (YAML reads yes/no"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_key_and_what_it_takes(override: str, said: str) -> None:
+    """Before: tracebacks (a null learning rate reached LambdaLR, model.backbone=3 an AttributeError), draccus
+    messages naming no key ("Couldn't instantiate class LoopConfig"), or silently taken (steps=true: 1 step)."""
+    with pytest.raises(ConfigError) as e:
+        load_train_config("debug", ["data.datasets=[/x]", override])
+    assert said in str(e.value)
+    # numbers PyYAML reads as strings still work, and so do preset names for the model section
+    cfg = load_train_config("debug", ["data.datasets=[/x]", "optim.lr=1e-4", "model=tiny_smolvlm"])
+    assert cfg.optim.lr == 1e-4

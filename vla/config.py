@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,8 +253,89 @@ def _check_keys(cls: type, data: dict[str, Any], prefix: str = "") -> None:
                 f"Unknown config key {prefix + k!r}.{hint} Allowed: {', '.join(prefix + n for n in names)}."
             )
         sub = hints.get(k)
-        if dataclasses.is_dataclass(sub) and isinstance(v, dict):
-            _check_keys(sub, v, prefix=f"{prefix}{k}.")
+        if sub is not None and not _fits(sub, v):
+            raise ConfigError(
+                f"{prefix}{k}: expected {_describe(sub)}, got {_as_yaml(v)}" + _QUOTE_HINT.get(type(v), "")
+            )
+        nested = next((a for a in (sub, *typing.get_args(sub)) if dataclasses.is_dataclass(a)), None)
+        if nested is not None and isinstance(v, dict):
+            _check_keys(nested, v, prefix=f"{prefix}{k}.")
+
+
+def _as_yaml(v: Any) -> str:
+    """A value as YAML writes it inline (``null``, ``true``, ``[1, 2]``)."""
+    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+#: config sections a preset name may stand for (``model: tiny_smolvlm``; ``load_train_config`` reads the preset)
+NAMED_SECTIONS = frozenset({"DataConfig", "ModelConfig"})
+
+#: why a value typed on a command line or in YAML may not be what it looks like
+_QUOTE_HINT = {
+    bool: " (YAML reads yes/no/on/off/true/false as booleans: quote the value to mean the word)",
+    type(None): " (YAML reads null, ~ and an empty value as null)",
+}
+
+
+def _fits(tp: Any, v: Any) -> bool:
+    """Whether a YAML-decoded value ``v`` can stand for a field of type hint ``tp`` (what draccus would decode, or
+    refuse with an unhelpful message or a crash later: a null learning rate, a list for a step count, ``true`` for
+    a count). Numbers may come as strings (PyYAML reads ``1e-4`` as a string); types not handled here pass."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if origin is typing.Union or isinstance(tp, types.UnionType):
+        return any(_fits(a, v) for a in args)
+    if tp is type(None):
+        return v is None
+    if v is None:
+        return False
+    if origin is typing.Literal:
+        return v in args
+    if dataclasses.is_dataclass(tp):
+        return isinstance(v, dict | tp) or (isinstance(v, str) and tp.__name__ in NAMED_SECTIONS)
+    if tp is bool:
+        return isinstance(v, bool)
+    if tp in (int, float):
+        if isinstance(v, bool):
+            return False
+        if isinstance(v, str):
+            try:
+                tp(v) if tp is float else int(v)
+            except ValueError:
+                return False
+            return True
+        return isinstance(v, int) if tp is int else isinstance(v, int | float)
+    if tp is str:
+        return isinstance(v, str)
+    if origin in (tuple, list) or tp in (tuple, list):
+        if not isinstance(v, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(v) == len(args) and all(_fits(a, x) for a, x in zip(args, v, strict=True))
+        return not args or all(_fits(args[0], x) for x in v)
+    if origin is dict or tp is dict:
+        return isinstance(v, dict)
+    return True
+
+
+def _describe(tp: Any) -> str:
+    """A type hint in words, for ``_fits``'s refusals."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or isinstance(tp, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if dataclasses.is_dataclass(tp):
+        named = " or a preset name" if tp.__name__ in NAMED_SECTIONS else ""
+        return f"a mapping of {tp.__name__} settings{named}"
+    if origin in (tuple, list) or tp in (tuple, list):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list of {len(args)} ({', '.join(_describe(a) for a in args)})"
+        plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+        return f"a list of {plural.get(args[0]) or _describe(args[0])}" if args else "a list"
+    names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, "a mapping" if origin is dict or tp is dict else getattr(tp, "__name__", str(tp)))
 
 
 def _string_sequence(tp: Any) -> bool:
