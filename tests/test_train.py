@@ -1525,7 +1525,10 @@ def test_a_damaged_complete_checkpoint_names_the_folder_and_the_one_before(
         ("data.datasets=null", "data.datasets: expected a list of strings, got null"),
         ("train.steps=[1,2]", "train.steps: expected an integer, got [1, 2]"),
         ("optim.betas=0.9", "optim.betas: expected a list of 2 (a number, a number), got 0.9"),
-        ("train.steps=true", "train.steps: expected an integer, got true (YAML reads yes/no/on/off/true/false"),
+        (
+            "train.steps=true",
+            "train.steps: expected an integer, got true (YAML reads yes/no/on/off/true/false",
+        ),
         ("train.compile=no", "train.compile: expected a string, got false (YAML reads yes/no"),
     ],
 )
@@ -1538,3 +1541,24 @@ def test_a_value_of_the_wrong_type_names_the_key_and_what_it_takes(override: str
     # numbers PyYAML reads as strings still work, and so do preset names for the model section
     cfg = load_train_config("debug", ["data.datasets=[/x]", "optim.lr=1e-4", "model=tiny_smolvlm"])
     assert cfg.optim.lr == 1e-4
+
+
+def test_a_dataset_written_another_way_is_the_same_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shell completion adds a trailing slash; a path may be relative or through a symlink: resuming was refused
+    ("cannot continue: data.datasets: [...] -> [...]") for the same folder. Another folder still is a change."""
+    ds, other = tmp_path / "wx", tmp_path / "other"
+    ds.mkdir()
+    other.mkdir()
+    (tmp_path / "link").symlink_to(ds)
+    monkeypatch.chdir(tmp_path)
+    old = _cfg_dict([f"data.datasets=[{ds}]"])
+    for same in (f"{ds}/", "wx", "./wx/", str(tmp_path / "link")):
+        assert diff_configs(old, _cfg_dict([f"data.datasets=[{same}]"])) == ([], []), same
+    bad, _ = diff_configs(old, _cfg_dict([f"data.datasets=[{other}]"]))
+    assert bad == [f"data.datasets: ['{ds}'] -> ['{other}']"]
+    bad, _ = diff_configs(old, _cfg_dict([f"data.datasets=[{ds},{other}]"]))
+    assert len(bad) == 1
+    gone = _cfg_dict(["data.datasets=[/no/such/wx]"])  # not on this machine: compared as text
+    assert diff_configs(gone, _cfg_dict(["data.datasets=[/no/such/wx/]"])) == ([], [])

@@ -18,6 +18,7 @@ is ignored), and a mismatch is an error when training starts, never a second res
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -409,16 +410,21 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], l
     return bad, ok
 
 
-#: settings holding a folder: the same folder written another way (relative, through a symlink; runs started before
-#: vla resolved the fine-tune base recorded it as typed) is no change
-PATH_KEYS = frozenset({"finetune.init"})
+#: settings holding a folder (or a list of them): the same folder written another way (relative, with a trailing
+#: slash, through a symlink; runs started before vla resolved the fine-tune base recorded it as typed) is no change
+PATH_KEYS = frozenset({"finetune.init", "data.datasets", "data.data_root", "data.stats_path", "data.mixture"})
 
 
 def _same_folder(a: Any, b: Any) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same_folder(x, y) for x, y in zip(a, b, strict=True))
     if not (isinstance(a, str) and isinstance(b, str)):
         return False
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    # not on this machine (or a mixture's name): the same text up to a trailing slash or ./
+    return os.path.normpath(pa) == os.path.normpath(pb)
 
 
 def _is_default(key: str, value: Any) -> bool:
