@@ -278,8 +278,9 @@ def test_resume_with_a_new_learning_rate_and_ema_switched_on(
     assert "optim.lr: 0.001 -> 1e-05" in caplog.text and "has no EMA weights" in caplog.text
     cfg = load_train_config("debug", over)
     rows = {r["step"]: r for r in metrics(run)}
-    assert rows[2]["lr"] == pytest.approx(1e-3 * lr_multiplier(2, cfg.optim, 2))
-    assert rows[3]["lr"] == pytest.approx(1e-5 * lr_multiplier(3, cfg.optim, 3))
+    # each row: the rate its step ran at (step N is 0-based step N - 1; rows were one step ahead before)
+    assert rows[2]["lr"] == pytest.approx(1e-3 * lr_multiplier(1, cfg.optim, 2))
+    assert rows[3]["lr"] == pytest.approx(1e-5 * lr_multiplier(2, cfg.optim, 3))
     top = weights(result.last_checkpoint)
     raw = {
         k.removeprefix(".model."): v
@@ -1562,3 +1563,31 @@ def test_a_dataset_written_another_way_is_the_same_dataset(
     assert len(bad) == 1
     gone = _cfg_dict(["data.datasets=[/no/such/wx]"])  # not on this machine: compared as text
     assert diff_configs(gone, _cfg_dict(["data.datasets=[/no/such/wx/]"])) == ([], [])
+
+
+def test_settings_vla_train_would_ignore_are_refused(wx: Path, tmp_path: Path) -> None:
+    """``train.val_at_start`` without ``train.val_every`` validated nothing, silently (a held-out episode was then
+    never evaluated); ``model.embodiments`` was ignored by training but recorded, and then refused the resume."""
+    with pytest.raises(ConfigError, match=r"train\.val_at_start=true validates only when validation is on"):
+        load_train_config("debug", ["data.datasets=[/x]", "train.val_at_start=true"])
+    with pytest.raises(
+        ValueError, match=r"model\.embodiments=\['franka'\]: vla train builds the embodiment table"
+    ):
+        train(load_train_config("debug", _args(wx, "model.embodiments=[franka]", steps=1)), tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_logged_lr_is_optim_lr_as_the_step_ran_it_and_groups_have_their_own(
+    wx: Path, tmp_path: Path
+) -> None:
+    """Before, ``lr`` was the first parameter group's (the backbone's, at optim.backbone_lr) after the scheduler had
+    already moved on: with optim.lr=3e-4 and backbone_lr=1e-5 the progress line said 8e-06."""
+    over = _args(wx, "optim.lr=3e-4", "optim.backbone_lr=1e-5", "optim.warmup_steps=10", steps=2)
+    cfg = load_train_config("debug", over)
+    train(cfg, tmp_path / "run")
+    rows = {r["step"]: r for r in metrics(tmp_path / "run")}
+    for step in (1, 2):
+        factor = lr_multiplier(step - 1, cfg.optim, 2)
+        assert rows[step]["lr"] == pytest.approx(3e-4 * factor)
+        backbone = [v for k, v in rows[step].items() if k.startswith("lr/backbone")]
+        assert backbone and all(v == pytest.approx(1e-5 * factor) for v in backbone)

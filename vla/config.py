@@ -309,6 +309,8 @@ def _fits(tp: Any, v: Any) -> bool:
     if tp is str:
         return isinstance(v, str)
     if origin in (tuple, list) or tp in (tuple, list):
+        if isinstance(v, str) and _string_sequence(tp):
+            return True  # one string for a list of them: _one_string_as_sequence makes it [v]
         if not isinstance(v, list | tuple):
             return False
         if origin is tuple and args and args[-1] is not Ellipsis:

@@ -98,6 +98,10 @@ class LoopConfig:
         )
         _require(self.grad_clip >= 0, f"train.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
         _require(self.val_every >= 0, f"train.val_every must be >= 0 (0 = off), got {self.val_every}")
+        _require(
+            not (self.val_at_start and self.val_every == 0),
+            "train.val_at_start=true validates only when validation is on: set train.val_every (e.g. 500) too",
+        )
         _require(self.val_batches >= 1, f"train.val_batches must be >= 1, got {self.val_batches}")
 
 

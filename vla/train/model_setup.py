@@ -75,6 +75,12 @@ def build_model(
     """A fresh model (seeded) for the data's embodiments, or ``init_from``'s weights with any embodiment the data
     has and the checkpoint lacks added (each initialised from its most similar existing slot)."""
     names = sorted(loader.embodiment_ids)
+    if cfg.model.embodiments and sorted(cfg.model.embodiments) != names:
+        # vla model init's setting; a run keeps it in its config, so a value here would also block resuming
+        raise ValueError(
+            f"model.embodiments={list(cfg.model.embodiments)}: vla train builds the embodiment table from the "
+            f"data ({names}); leave model.embodiments unset, and add data for a robot to give it a slot"
+        )
     stats = loader_stats(loader)
     if init_from is not None:
         model = from_pretrained(resolve_checkpoint(init_from))

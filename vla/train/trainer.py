@@ -52,7 +52,7 @@ from vla.train.config import (
 from vla.train.distributed import Runtime
 from vla.train.logger import MetricsLogger
 from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_bf16
-from vla.train.optim import apply_settings, build_optimizer, build_scheduler
+from vla.train.optim import apply_settings, build_optimizer, build_scheduler, lr_multiplier
 from vla.train.optim import settings as optimizer_settings
 from vla.train.stop import StopRequests, mark_launch
 from vla.types import Batch
@@ -625,11 +625,18 @@ class Trainer:
             # would make every weight NaN
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDivergedError(self.step + 1, loss, grad_norm)
+        # the rates this step applies (the scheduler moves them on below): lr is optim.lr's schedule, lr/<group>
+        # each group's own (a backbone group may run at optim.backbone_lr)
+        lrs = {f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups}
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._update_ema()
-        metrics: dict[str, Any] = {"loss": loss}
+        metrics: dict[str, Any] = {
+            "loss": loss,
+            "lr": self.cfg.optim.lr * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.steps),
+            **lrs,
+        }
         metrics["grad_norm"] = grad_norm
         for i, s in enumerate(self.model.specs):
             if per_emb[1, i] > 0:
@@ -726,8 +733,6 @@ class Trainer:
         means, mean_t, mean_w = window.take()
         metrics = {**metrics, **means}
         metrics.update(
-            lr=self.optimizer.param_groups[0]["lr"],
-            **{f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups},
             step_time_s=round(mean_t, 5),
             data_wait_s=round(mean_w, 5),
             data_wait_frac=round(mean_w / mean_t, 4) if mean_t else 0.0,
