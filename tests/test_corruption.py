@@ -698,7 +698,7 @@ def nan_weight(ckpt: Path) -> None:
         (nan_weight, "model.safetensors", "holds 1 NaN/inf value(s)"),
         (lambda ck: (ck / "config.json").unlink(), "config.json", "missing, so"),
         (lambda ck: edit_json(ck / "config.json", lambda c: c["model"]["flow"].update(num_steps="ten")), "config.json",
-         "`flow.num_steps`"),
+         "flow.num_steps: expected an integer, got ten"),
         (lambda ck: edit_json(ck / "config.json", lambda c: c.pop("model")), "config.json", "no 'model' section"),
         # valid JSON of the wrong shape, and a damaged preprocessing.json: each named (before: tracebacks, or a
         # bare JSON / int() message naming no file)

@@ -1482,6 +1482,8 @@ def test_run_dir_that_is_a_checkpoint_model_or_dataset_is_refused(wx: Path, tmp_
         (step, f"a checkpoint folder inside a run, not a run folder; to resume that run, pass its run folder: "
                f"--run-dir {run}"),
         (wx, f"a dataset folder, not a run folder; give the dataset as data.datasets=[{wx}]"),
+        (run / "checkpoints", f"the checkpoints folder of a run, not a run folder; to resume that run, pass "
+                              f"--run-dir {run}"),
     ]:  # fmt: skip
         r = run_cli(["train", "debug", "--run-dir", str(target), *_sets(_args(wx, steps=4))])
         assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]

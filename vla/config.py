@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import draccus
+import numpy as np
 import yaml
 
 from vla.paths import config_dir
@@ -263,8 +266,12 @@ def _check_keys(cls: type, data: dict[str, Any], prefix: str = "") -> None:
 
 
 def _as_yaml(v: Any) -> str:
-    """A value as YAML writes it inline (``null``, ``true``, ``[1, 2]``)."""
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+    """A value as YAML writes it inline (``null``, ``true``, ``[1, 2]``); ``repr`` for what YAML cannot write (a
+    value passed from Python)."""
+    try:
+        return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+    except yaml.YAMLError:
+        return repr(v)
 
 
 #: config sections a preset name may stand for (``model: tiny_smolvlm``; ``load_train_config`` reads the preset)
@@ -295,9 +302,9 @@ def _fits(tp: Any, v: Any) -> bool:
     if dataclasses.is_dataclass(tp):
         return isinstance(v, dict | tp) or (isinstance(v, str) and tp.__name__ in NAMED_SECTIONS)
     if tp is bool:
-        return isinstance(v, bool)
+        return isinstance(v, bool | np.bool_)
     if tp in (int, float):
-        if isinstance(v, bool):
+        if isinstance(v, bool | np.bool_):
             return False
         if isinstance(v, str):
             try:
@@ -305,9 +312,10 @@ def _fits(tp: Any, v: Any) -> bool:
             except ValueError:
                 return False
             return True
-        return isinstance(v, int) if tp is int else isinstance(v, int | float)
+        return isinstance(v, numbers.Integral) if tp is int else isinstance(v, numbers.Real)
     if tp is str:
-        return isinstance(v, str)
+        # a number for a name (wandb_project: 2024) is its text, as draccus decodes it; a Path from Python too
+        return isinstance(v, str | os.PathLike) or (isinstance(v, numbers.Real) and not isinstance(v, bool))
     if origin in (tuple, list) or tp in (tuple, list):
         if isinstance(v, str) and _string_sequence(tp):
             return True  # one string for a list of them: _one_string_as_sequence makes it [v]

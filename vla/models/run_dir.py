@@ -118,6 +118,11 @@ def check_run_dir_target(path: str | Path) -> None:
             raise ValueError(f"--run-dir {path}: a file, not a folder")
         return
     p = p.resolve()
+    if p.name == CHECKPOINTS and any(STEP_DIR.match(c.name) for c in p.iterdir()):
+        raise ValueError(
+            f"--run-dir {path}: the checkpoints folder of a run, not a run folder; to resume that run, pass "
+            f"--run-dir {p.parent}"
+        )
     if p.parent.name == CHECKPOINTS and (STEP_DIR.match(p.name) or LEFTOVER.fullmatch(p.name)):
         raise ValueError(
             f"--run-dir {path}: a checkpoint folder inside a run, not a run folder; to resume that run, pass its "

@@ -30,8 +30,9 @@ request (a timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes 
 raised, and the next ``infer`` reconnects: the late reply to the abandoned request must never be read as the
 answer to the next one (a robot would act on an old chunk). ``close()`` ends a client for good: a request in
 flight on another thread or task, or one waiting to reconnect, raises ``ClientClosedError`` instead, and so does
-every later ``infer``. A server's refusal of the connection (a wrong API key: 401; too many connections: 503)
-raises ``ConnectionRejectedError`` with the server's message, at once.
+every later ``infer``. A server's refusal of the connection raises ``ConnectionRejectedError`` with the server's
+message: at once for a wrong API key (401); a 502/503/504 (a proxy before a server still loading, a server at
+``--max-connections``) is retried until the connect deadline first.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ class ClientClosedError(RuntimeError):
     """``infer`` on a client that ``close()`` ended (before or during the request); open a new client."""
 
 
+#: handshake statuses that may pass (a proxy before a server that is still loading, a server at --max-connections or
+#: restarting): retried until the connect deadline, then raised
+_RETRIED_STATUSES = frozenset({502, 503, 504})
+
+
 class ConnectionRejectedError(websockets.exceptions.InvalidStatus):
     """The server refused the WebSocket handshake with an HTTP status (401: no or a wrong API key; 503: its
     ``--max-connections`` reached or shutting down); the message carries the server's own explanation. Retrying
@@ -117,10 +123,10 @@ def _options(url: str, api_key: str | None, timeout: float, connect_timeout: flo
             "api_key: must be printable ASCII without leading or trailing whitespace (a key read from a file "
             "keeps its newline: strip() it)"
         )
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    if not connect_timeout >= 0:
-        raise ValueError(f"connect_timeout must be >= 0 seconds, got {connect_timeout}")
+    for name, value, least in (("timeout", timeout, 0.0), ("connect_timeout", connect_timeout, -1e-300)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > least:
+            raise ValueError(f"{name} must be a number of seconds, > 0 for timeout and >= 0 for connect_timeout, "
+                             f"got {value!r}")  # fmt: skip
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an int >= 0 (resends after a dropped connection), got {retries!r}")
     return url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
@@ -137,24 +143,23 @@ def _connect_failed(client: Any, e: BaseException, budget: str) -> BaseException
     )
 
 
+def _late(client: Any) -> TimeoutError:
+    return TimeoutError(
+        f"no answer from {client.url} within timeout={client.timeout:g} s; the connection was closed so that "
+        "a late answer is never read as the next request's, and the next infer reconnects"
+    )
+
+
 def _after_failed_exchange(client: Any, e: Exception, drop: Callable[[], None], last_attempt: bool) -> None:
     """What a failed send/recv of ``client`` (sync or asyncio) leads to: ``ClientClosedError`` when ``close()``
     ended the client meanwhile (never a reconnect); otherwise the connection is dropped (a late reply must not
     answer the next request) and the error raised, except a dropped connection with attempts left: then the caller
-    reconnects and sends again. A close for a frame over the server's size limit (1009) is never resent."""
+    reconnects and sends again."""
     if client._closed:
         raise _closed_error(client) from e
     drop()
     if isinstance(e, TimeoutError):
-        raise TimeoutError(
-            f"no answer from {client.url} within timeout={client.timeout:g} s; the connection was closed so that "
-            "a late answer is never read as the next request's, and the next infer reconnects"
-        ) from e
-    if isinstance(e, websockets.exceptions.ConnectionClosed) and e.rcvd is not None and e.rcvd.code == 1009:
-        raise ServerError(
-            f"{client.url} closed the connection: the request is over its frame size limit ({e.rcvd.reason}); "
-            "send smaller images, or start the server with a larger --max-frame-mb"
-        ) from e
+        raise _late(client) from e
     if last_attempt or not isinstance(e, websockets.exceptions.ConnectionClosed):
         raise e
 
@@ -246,6 +251,7 @@ class WebsocketClient:
         self.metadata: dict[str, Any] = {}
         self._lock = threading.Lock()  # one request/response exchange on the connection at a time
         self._closed = False  # close() was called: never reconnect
+        self._sending = False  # a request frame is being sent (close() must unblock it)
         self._connect()
 
     def _connect(self, deadline: float | None = None) -> None:
@@ -268,8 +274,10 @@ class WebsocketClient:
                     **_SYNC_LEGACY,
                 )
                 break
-            except websockets.exceptions.InvalidStatus as e:  # 401 and friends: retrying will not help
-                raise ConnectionRejectedError(self.url, e) from None
+            except websockets.exceptions.InvalidStatus as e:  # 401/403: retrying will not help
+                if e.response.status_code not in _RETRIED_STATUSES or time.monotonic() >= deadline:
+                    raise ConnectionRejectedError(self.url, e) from None
+                time.sleep(0.2)
             except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as e:
                 if time.monotonic() >= deadline or self._closed:
                     raise _connect_failed(self, e, budget) from e
@@ -291,6 +299,8 @@ class WebsocketClient:
         for attempt in range(self.retries + 1):
             if self._closed:
                 raise _closed_error(self)
+            if attempt and time.monotonic() >= deadline:  # no resend past the deadline: nobody would read it
+                raise _late(self)
             if self._ws is None:
                 self._connect(deadline)
                 if self._closed:  # closed while connecting
@@ -301,7 +311,11 @@ class WebsocketClient:
                 raise _closed_error(self)
             _check_frame_size(self, frame)
             try:
-                _send_within(ws, frame, deadline - time.monotonic())
+                self._sending = True
+                try:
+                    _send_within(ws, frame, deadline - time.monotonic())
+                finally:
+                    self._sending = False
                 reply = ws.recv(timeout=max(0.0, deadline - time.monotonic()))
             except Exception as e:
                 _after_failed_exchange(self, e, self._drop, attempt == self.retries)
@@ -328,6 +342,9 @@ class WebsocketClient:
         self._closed = True
         ws, self._ws = self._ws, None
         if ws is not None:
+            if self._sending:  # a send blocked on a server that stopped reading holds the lock close() needs
+                with contextlib.suppress(OSError):
+                    ws.socket.shutdown(socket.SHUT_RDWR)
             ws.close()
 
     def __enter__(self) -> WebsocketClient:
@@ -390,8 +407,10 @@ class AsyncWebsocketClient:
                     close_timeout=_CLOSE_TIMEOUT,
                 )
                 break
-            except websockets.exceptions.InvalidStatus as e:  # 401 and friends: retrying will not help
-                raise ConnectionRejectedError(self.url, e) from None
+            except websockets.exceptions.InvalidStatus as e:  # 401/403: retrying will not help
+                if e.response.status_code not in _RETRIED_STATUSES or time.monotonic() >= deadline:
+                    raise ConnectionRejectedError(self.url, e) from None
+                await asyncio.sleep(0.2)
             except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as e:
                 if time.monotonic() >= deadline or self._closed:
                     raise _connect_failed(self, e, budget) from e
@@ -415,6 +434,8 @@ class AsyncWebsocketClient:
         for attempt in range(self.retries + 1):
             if self._closed:
                 raise _closed_error(self)
+            if attempt and time.monotonic() >= deadline:  # no resend past the deadline: nobody would read it
+                raise _late(self)
             if self._ws is None:
                 await self.connect(deadline)
                 if self._closed:  # closed while connecting

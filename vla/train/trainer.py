@@ -214,8 +214,7 @@ class Trainer:
         # checkpoint's kernels (_resume)
         reset_cpu_bf16_kernels()
         if self.resume_from is not None:
-            with _damaged_checkpoint(self.resume_from):
-                self._resume(self.resume_from)
+            self._resume(self.resume_from)
         self.val_loader = self._build_val_loader()
 
     # ---- fine-tuning -------------------------------------------------------------------------------------------
@@ -337,7 +336,8 @@ class Trainer:
         return state
 
     def _resume(self, folder: Path) -> None:
-        meta = ckpt.read_trainer_meta(folder)
+        with _damaged_checkpoint(folder):
+            meta = ckpt.read_trainer_meta(folder)
         names = list(self.model.embodiment_ids)
         if meta["embodiments"] != names:
             raise ResumeError(
@@ -358,12 +358,14 @@ class Trainer:
                 "or use a new --run-dir"
             )
         state = self._app_state()
-        start_ema = self.ema is not None and not ckpt.has_train_state_key(folder, "ema")
+        with _damaged_checkpoint(folder):
+            start_ema = self.ema is not None and not ckpt.has_train_state_key(folder, "ema")
         if start_ema:  # EMA switched on at resume: it starts from the resumed weights below
             del state["ema"]
         # this run's optim.* as built, before loading overwrites them
         fresh = optimizer_settings(self.optimizer)
-        ckpt.load_train_state(folder, state)
+        with _damaged_checkpoint(folder):
+            ckpt.load_train_state(folder, state)
         self.rt.load_state_dicts(self.wrapped, self.optimizer, state["model"], state["optim"])
         self.scheduler.load_state_dict(meta["scheduler"])
         # the checkpoint restored the run's old rates and decay: a changed optim.* setting takes effect now
@@ -387,7 +389,8 @@ class Trainer:
         restore_cpu_bf16_kernels(own if own is not None else meta.get("cpu_bf16_attention") or {})
         # the run's graphs, not a new measurement (bitwise resume); checkpoints from before train.compile: eager
         self.pinned_compile = bool((meta.get("compile_frozen") or {}).get("compiled", False))
-        loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
+        with _damaged_checkpoint(folder):
+            loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
         why = None
         if meta["world_size"] != self.rt.world_size or loader_state is None:
             why = f"was written by {meta['world_size']} process(es), this run has {self.rt.world_size}"
@@ -429,8 +432,11 @@ class Trainer:
             return
         decay = self.cfg.ema.decay
         pairs = [(self.ema[n], p.detach().float()) for n, p in self.model.named_parameters() if n in self.ema]
-        # one multi-tensor kernel (DTensor too) instead of a launch and dispatch per parameter; the same arithmetic
-        torch._foreach_lerp_([e for e, _ in pairs], [p for _, p in pairs], 1 - decay)
+        # one multi-tensor kernel per tensor type (FSDP2's DTensors and any plain parameters apart: foreach ops
+        # take one kind) instead of a launch and dispatch per parameter; the same arithmetic
+        for kind in {type(e) for e, _ in pairs}:
+            same = [(e, p) for e, p in pairs if type(e) is kind]
+            torch._foreach_lerp_([e for e, _ in same], [p for _, p in same], 1 - decay)
 
     @contextlib.contextmanager
     def _ema_weights(self):
@@ -829,16 +835,28 @@ class Trainer:
 
 @contextlib.contextmanager
 def _damaged_checkpoint(folder: Path) -> Iterator[None]:
-    """Turn a failure to read a checkpoint marked complete (a file truncated or changed after the write: a disk
-    error, a copy cut short, an edit) into a ``ResumeError`` naming the folder and how to resume from the one
-    before; the run's own refusals (``ResumeError``) pass through."""
+    """Around the reads of a checkpoint marked complete: a file that cannot be read or decoded (truncated or
+    changed after the write: a disk error, a copy cut short, an edit) becomes a ``ResumeError`` naming the folder
+    and how to resume from the one before. Only reads are wrapped: a failure of the run itself (out of memory,
+    a refused setting) is not blamed on the checkpoint."""
+    import pickle
+
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     try:
         yield
     except ResumeError:
         raise
-    except (Exception, CheckpointException) as e:
+    except (
+        OSError,
+        EOFError,
+        ValueError,  # JSON
+        KeyError,  # a record without its fields
+        RuntimeError,  # torch.load of a cut-short file
+        pickle.UnpicklingError,
+        yaml.YAMLError,
+        CheckpointException,  # DCP: any rank's failure
+    ) as e:
         run = folder.parent.parent
         earlier = [p for p in complete_steps(run) if p != folder]
         fallback = (
@@ -850,8 +868,8 @@ def _damaged_checkpoint(folder: Path) -> Iterator[None]:
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         why = f"{type(e).__name__}: {lines[-1][:300] if lines else ''}"
         raise ResumeError(
-            f"{folder}: marked complete but its training state cannot be read ({why}); it was changed or cut "
-            f"short after it was written. Move it aside "
+            f"{folder}: marked complete but its training state cannot be read ({why}). If it was changed or cut "
+            f"short after it was written (a disk error, a partial copy), move it aside "
             f"(mv {folder} {folder.parent / ('damaged-' + folder.name)}) and re-run the same command to {fallback}"
         ) from e
 
