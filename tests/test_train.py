@@ -1593,3 +1593,22 @@ def test_the_logged_lr_is_optim_lr_as_the_step_ran_it_and_groups_have_their_own(
         assert rows[step]["lr"] == pytest.approx(3e-4 * factor)
         backbone = [v for k, v in rows[step].items() if k.startswith("lr/backbone")]
         assert backbone and all(v == pytest.approx(1e-5 * factor) for v in backbone)
+
+
+def test_lowering_retention_on_resume_names_the_checkpoints_it_will_delete(
+    wx: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """checkpoint.keep_every 2 -> 0 on resume: the next save deletes the milestones kept so far; the resume warning
+    listed only "keep_every: 2 -> 0"."""
+    run = tmp_path / "run"
+    train(
+        load_train_config(
+            "debug", _args(wx, "train.keep_last=1", "checkpoint.keep_every=2", steps=4, save_every=1)
+        ),
+        run,
+    )
+    assert [p.name for p in complete_steps(run)] == ["step-0000002", "step-0000004"]
+    with caplog.at_level(logging.WARNING):
+        train(load_train_config("debug", _args(wx, "train.keep_last=1", steps=5, save_every=1)), run)
+    assert "the next checkpoint deletes step-0000002, kept until now" in caplog.text
+    assert [p.name for p in complete_steps(run)] == ["step-0000005"]

@@ -235,3 +235,27 @@ def test_sigterm_to_one_rank_stops_every_rank_with_the_same_exit_status(wx: Path
     assert [p.returncode for p in procs] == [143, 143], [o[-2000:] for o in outs]
     (stopped,) = events(run, "stopped")
     assert stopped["reason"] == "SIGTERM" and latest_complete(run).name == f"step-{stopped['step']:07d}"
+
+
+def test_a_damaged_per_rank_state_stops_every_rank(wx: Path, tmp_path: Path) -> None:
+    """Rank 1's RNG file of the newest checkpoint is cut short: rank 1 cannot resume, and rank 0 (whose files are
+    fine) stops too instead of waiting in the next collective for a rank that has left (with a per-rank launcher
+    no agent tears the group down: a hang until distributed.timeout_minutes)."""
+    from train_helpers import torchrun
+
+    run = tmp_path / "run"
+    r = torchrun(["train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=2", steps=2)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rng = latest_complete(run) / "train_state" / "rng1.pt"
+    rng.write_bytes(rng.read_bytes()[:100])
+    procs = _per_rank(["train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=2", steps=4)])
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    said = ["another process's loader or RNG state cannot be read", "marked complete but its training state"]
+    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 2 and said[rank] in out, (rank, out[-3000:])
+    assert latest_complete(run).name == "step-0000002"

@@ -368,13 +368,18 @@ def prune(run_dir: Path, keep_last: int, keep_every: int) -> list[Path]:
     """Delete complete checkpoints beyond the newest ``keep_last`` (keeping multiples of ``keep_every``). Each is
     renamed to a hidden folder first, so a kill mid-deletion never leaves a half-deleted folder that looks
     complete."""
-    steps = complete_steps(run_dir)
-    doomed = [p for p in steps[:-keep_last] if not (keep_every and step_of(p) % keep_every == 0)]
+    doomed = pruned_by(run_dir, keep_last, keep_every)
     for p in doomed:
         aside = p.with_name(f".{p.name}.deleting")
         os.replace(p, aside)
         shutil.rmtree(aside, ignore_errors=True)
     return doomed
+
+
+def pruned_by(run_dir: Path, keep_last: int, keep_every: int) -> list[Path]:
+    """The complete checkpoints ``prune`` would delete now with these settings."""
+    steps = complete_steps(run_dir)
+    return [p for p in steps[:-keep_last] if not (keep_every and step_of(p) % keep_every == 0)]
 
 
 def load_train_state(folder: Path, app_state: dict[str, Any]) -> None:

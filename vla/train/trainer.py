@@ -322,6 +322,16 @@ class Trainer:
         if ok and self.rt.is_main:
             log.warning("resuming %s with changed settings:\n  %s", latest, "\n  ".join(ok))
             cfg_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
+            # retention changed: name the kept checkpoints the next save deletes (milestones of keep_every)
+            now = set(ckpt.pruned_by(self.run_dir, self.cfg.train.keep_last, self.cfg.checkpoint.keep_every))
+            old = saved.get("checkpoint", {}).get("keep_every", 0), saved["train"].get("keep_last", 1)
+            doomed = sorted(now - set(ckpt.pruned_by(self.run_dir, old[1], old[0])))
+            if doomed:
+                log.warning(
+                    "with the changed train.keep_last/checkpoint.keep_every the next checkpoint deletes %s, kept "
+                    "until now; restore the settings, or copy them elsewhere first, to keep them",
+                    ", ".join(p.name for p in doomed),
+                )
         return latest
 
     @property
@@ -389,8 +399,19 @@ class Trainer:
         restore_cpu_bf16_kernels(own if own is not None else meta.get("cpu_bf16_attention") or {})
         # the run's graphs, not a new measurement (bitwise resume); checkpoints from before train.compile: eager
         self.pinned_compile = bool((meta.get("compile_frozen") or {}).get("compiled", False))
-        with _damaged_checkpoint(folder):
-            loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
+        # this rank's own files: a damaged one fails here alone, so the ranks agree before any goes on into a
+        # collective that the failed one would never join (a hang until distributed.timeout_minutes)
+        failure: ResumeError | None = None
+        try:
+            with _damaged_checkpoint(folder):
+                loader_state, rng = ckpt.read_rank_state(folder, self.rt.rank)
+        except ResumeError as e:
+            failure = e
+        if not self.rt.all_true(failure is None):
+            raise failure or ResumeError(
+                f"{folder}: another process's loader or RNG state cannot be read (its own error names the file); "
+                "move the checkpoint aside as it says to resume from the one before"
+            )
         why = None
         if meta["world_size"] != self.rt.world_size or loader_state is None:
             why = f"was written by {meta['world_size']} process(es), this run has {self.rt.world_size}"
