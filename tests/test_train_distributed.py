@@ -57,6 +57,20 @@ def _per_rank(args: list[str], world: int = 2) -> list[Any]:
     ]
 
 
+def _every_rank_refuses(args: list[str], said: list[str]) -> None:
+    """Run ``vla.cli ARGS`` per rank (``_per_rank``); every rank must exit 2 with its line of ``said``, within a
+    timeout that a rank left waiting in a collective would exceed."""
+    procs = _per_rank(args, world=len(said))
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 2 and said[rank] in out, (rank, out[-3000:])
+
+
 @pytest.fixture(scope="module")
 def one_process(wx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: 3 steps of batch 4 in one process."""
@@ -163,16 +177,10 @@ def test_a_second_launch_on_a_busy_run_folder_is_refused_on_every_rank(wx: Path,
 
     run = tmp_path / "run"
     with run_dir_lock(run):  # this test process plays the first run
-        procs = _per_rank(["train", "debug", "--run-dir", str(run), *_sets(wx)])
-        try:
-            outs = [p.communicate(timeout=180)[0] for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    said = ["is in use by another training process (pid", "rank 0 could not take the run folder"]
-    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 2 and said[rank] in out, (rank, out[-3000:])
+        _every_rank_refuses(
+            ["train", "debug", "--run-dir", str(run), *_sets(wx)],
+            ["is in use by another training process (pid", "rank 0 could not take the run folder"],
+        )
     assert not (run / "checkpoints").exists()  # nothing written by the refused launch
 
 
@@ -248,14 +256,8 @@ def test_a_damaged_per_rank_state_stops_every_rank(wx: Path, tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr[-3000:]
     rng = latest_complete(run) / "train_state" / "rng1.pt"
     rng.write_bytes(rng.read_bytes()[:100])
-    procs = _per_rank(["train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=2", steps=4)])
-    try:
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    said = ["another process's loader or RNG state cannot be read", "marked complete but its training state"]
-    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 2 and said[rank] in out, (rank, out[-3000:])
+    _every_rank_refuses(
+        ["train", "debug", "--run-dir", str(run), *_sets(wx, "data.batch_size=2", steps=4)],
+        ["another process's loader or RNG state cannot be read", "marked complete but its training state"],
+    )
     assert latest_complete(run).name == "step-0000002"
