@@ -88,7 +88,8 @@ test: lint chromium
 	exit $$rc
 
 # On a CUDA machine (with a CUDA torch build, e.g. `make TORCH=torch test-gpu`): CPU/GPU agreement, a bf16-autocast
-# training step and compiled serving on CUDA (tests/test_gpu.py); they skip, saying so, without CUDA.
+# training step, compiled serving, masked grouped-query attention and `vla train` resuming on CUDA
+# (tests/test_gpu.py); they skip, saying so, without CUDA.
 test-gpu: $(STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline MUJOCO_GL=egl $(VENV)/bin/pytest -q -m gpu $(PYTEST_ARGS)
 

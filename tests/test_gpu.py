@@ -1,5 +1,6 @@
 """What a CUDA machine must pass (marker ``gpu``; ``make test-gpu`` runs them, every other run skips them):
-CPU/GPU numerical agreement, a bf16-autocast training step, and compiled serving on CUDA.
+CPU/GPU numerical agreement, a bf16-autocast training step, compiled serving on CUDA, masked grouped-query
+attention on the efficient kernel, and `vla train` checkpointing and resuming on the GPU.
 
 Tiny seeded models as everywhere else; noise and flow time come from CPU generators, so both devices see the same
 draws."""
@@ -113,3 +114,42 @@ def test_compiled_serving_on_cuda_matches_eager(dtype: str) -> None:
         assert compiled._serving_step is not None
         out = compiled.sample_actions(batch, noise=noise)
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+def test_masked_grouped_query_attention_on_cuda_matches_cpu_and_avoids_the_math_kernel() -> None:
+    """``attend`` repeats K/V for a masked grouped-query call on CUDA (``enable_gqa`` with a mask can only take
+    SDPA's math kernel there): the values equal the CPU's, and the memory-efficient kernel alone can run it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vla.models.attention import attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, t, 16, generator=g) for h, t in ((6, 5), (2, 9), (2, 9)))
+    mask = torch.rand(2, 1, 5, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    ref = attend("sdpa", q, k, v, mask, 0.25)
+    with _no_tf32(), sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):  # raises when no efficient kernel applies
+        out = attend("sdpa", q.cuda(), k.cuda(), v.cuda(), mask.cuda(), 0.25)
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-4)
+
+
+def test_vla_train_on_cuda_saves_one_devices_rng_and_resumes(tmp_path: object) -> None:
+    """``vla train debug`` on the GPU in bf16 with EMA: a checkpoint whose RNG file holds this device's generator
+    only (a resume on a node with fewer GPUs must not index GPUs that are not there), then a resume to step 4."""
+    import math
+    from pathlib import Path
+
+    from train_helpers import tiny_dataset
+
+    from vla.train.config import load_train_config
+    from vla.train.trainer import train
+
+    root = Path(str(tmp_path))
+    ds = tiny_dataset(root)
+    over = [f"data.datasets=[{ds}]", "train.save_every=2", "logging.progress=false", "train.precision=bf16",
+            "ema.decay=0.5"]  # fmt: skip
+    first = train(load_train_config("debug", [*over, "train.steps=2"]), root / "run")
+    rng = torch.load(first.last_checkpoint / "train_state" / "rng0.pt", weights_only=False)
+    assert isinstance(rng["cuda"], torch.Tensor)
+    resumed = train(load_train_config("debug", [*over, "train.steps=4"]), root / "run")
+    assert resumed.step == 4 and resumed.final_loss is not None and math.isfinite(resumed.final_loss)
