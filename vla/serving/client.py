@@ -24,8 +24,9 @@ Needs only numpy, msgpack and websockets (``pip install numpy msgpack websockets
 (bad request, unsafe actions) raises ``ServerError`` with the server's one-line message; the server closes the
 connection after an error and the next ``infer`` reconnects. A dropped connection is re-opened and the request
 sent once more (``retries``). ``timeout`` bounds a whole ``infer`` (sending, any reconnect and resend, the answer):
-an answer never comes from an observation older than that, and a server that stops reading cannot block a send
-forever. ``connect_timeout`` bounds the first connection (the server may still be loading). Any other failure of a
+an answer never comes from an observation older than that. A server that stops reading cannot block a send
+forever either: the sync client's send fails once no byte has moved for ``timeout`` (a few timeouts in all while
+the socket buffers fill). ``connect_timeout`` bounds the first connection (the server may still be loading). Any other failure of a
 request (a timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection before it is
 raised, and the next ``infer`` reconnects: the late reply to the abandoned request must never be read as the
 answer to the next one (a robot would act on an old chunk). ``close()`` ends a client for good: a request in
@@ -41,6 +42,8 @@ import asyncio
 import contextlib
 import inspect
 import socket
+import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -177,29 +180,39 @@ def _check_frame_size(client: Any, frame: bytes) -> None:
 
 
 def _send_within(ws: websockets.sync.client.ClientConnection, frame: bytes, seconds: float) -> None:
-    """``ws.send(frame)``, failing with ``TimeoutError`` after ``seconds``: a server that stops reading (frozen, or a
-    congested link once the socket's buffer is full) would block it forever. The watchdog shuts the socket down,
-    which ends the blocked send; the connection is dropped after a timeout anyway."""
-    fired = threading.Event()
-
-    def expire() -> None:
-        fired.set()
-        with contextlib.suppress(OSError):  # already closed
-            ws.socket.shutdown(socket.SHUT_RDWR)
-
-    timer = threading.Timer(max(seconds, 0.0), expire)
-    timer.daemon = True
-    timer.start()
+    """``ws.send(frame)``, failing with ``TimeoutError`` when the socket takes no byte for ``seconds``: a server that
+    stops reading (frozen, or a congested link once the socket's buffer is full) would block it forever. The
+    kernel's send timeout (``SO_SNDTIMEO``) does it, set for this send only (websockets' own frames, pongs and the
+    close, must not inherit it); the connection is dropped after a timeout anyway. A helper thread per request
+    would do it too, but cost ~2 ms of end-to-end latency here (GIL hand-offs)."""
+    sock = ws.socket
+    timed = _set_send_timeout(sock, max(seconds, 0.001))
     try:
         ws.send(frame)
     except Exception as e:
-        if fired.is_set():
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, BlockingIOError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
             raise TimeoutError("sending the request timed out") from e
         raise
     finally:
-        timer.cancel()
-    if fired.is_set():  # expired just as the send finished: the socket is shut
-        raise TimeoutError("sending the request timed out")
+        if timed:
+            _set_send_timeout(sock, 0.0)
+
+
+def _set_send_timeout(sock: socket.socket, seconds: float) -> bool:
+    """Set the socket's kernel send timeout (0 = none); False where the platform refuses it (no send timeout)."""
+    if sys.platform == "win32":
+        value = struct.pack("L", int(seconds * 1000))  # a DWORD of milliseconds
+    else:
+        whole = int(seconds)
+        value = struct.pack("ll", whole, int((seconds - whole) * 1e6))  # struct timeval
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+    except OSError:
+        return False
+    return True
 
 
 def _headers(api_key: str | None) -> dict[str, str] | None:
