@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import inspect
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -191,7 +192,8 @@ def _send_within(ws: websockets.sync.client.ClientConnection, frame: bytes, seco
         ws.send(frame)
     except Exception as e:
         cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, BlockingIOError):
+        # the timeout: EAGAIN from send(), or OpenSSL's "want write" on a wss:// socket
+        while cause is not None and not isinstance(cause, BlockingIOError | ssl.SSLWantWriteError):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise TimeoutError("sending the request timed out") from e
