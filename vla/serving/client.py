@@ -26,10 +26,10 @@ connection after an error and the next ``infer`` reconnects. A dropped connectio
 sent once more (``retries``). ``timeout`` bounds a whole ``infer`` (sending, any reconnect and resend, the answer):
 an answer never comes from an observation older than that. A server that stops reading cannot block a send
 forever either: the sync client's send fails once no byte has moved for ``timeout`` (a few timeouts in all while
-the socket buffers fill). ``connect_timeout`` bounds the first connection (the server may still be loading). Any other failure of a
-request (a timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection before it is
-raised, and the next ``infer`` reconnects: the late reply to the abandoned request must never be read as the
-answer to the next one (a robot would act on an old chunk). ``close()`` ends a client for good: a request in
+the socket buffers fill). ``connect_timeout`` bounds the first connection (the server may still be loading). Any
+other failure of a request (a timeout, a cancelled ``await``, Ctrl-C, a malformed response) closes the connection
+before it is raised, and the next ``infer`` reconnects: the late reply to the abandoned request must never be read
+as the answer to the next one (a robot would act on an old chunk). ``close()`` ends a client for good: a request in
 flight on another thread or task, or one waiting to reconnect, raises ``ClientClosedError`` instead, and so does
 every later ``infer``. A server's refusal of the connection raises ``ConnectionRejectedError`` with the server's
 message: at once for a wrong API key (401); a 502/503/504 (a proxy before a server still loading, a server at
