@@ -86,9 +86,8 @@ def to_observation(
         images, state = _libero(msg, keys)
     elif keys & set(DROID_IMAGES) or "observation/joint_position" in keys:
         images, state = _droid(msg, keys)
-    elif (
-        "image" in keys
-    ):  # OpenVLA's deploy payload; its unnorm_key is taken and ignored: the server's stats apply
+    # OpenVLA's deploy payload; its unnorm_key is taken and ignored: the server's stats apply
+    elif "image" in keys:
         _only(keys, {"image", "state", "unnorm_key"}, "an OpenVLA-style")
         images, state = {"primary": msg["image"]}, _required(msg, "state")
     else:

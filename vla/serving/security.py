@@ -28,9 +28,8 @@ def load_api_key(path: str | Path) -> str:
         ) from None
     key = text.strip().splitlines()[0].strip() if text.strip() else ""
     bad = sorted({c for c in key if not "!" <= c <= "~"})
-    if (
-        bad
-    ):  # an HTTP header carries the key: printable ASCII only (a client would send other bytes differently)
+    # an HTTP header carries the key: printable ASCII only (a client would send other bytes differently)
+    if bad:
         raise ValueError(
             f"--api-key-file {path}: the key holds {len(bad)} character(s) an HTTP header cannot carry as is "
             f"(e.g. {bad[0]!r}); use printable ASCII without spaces, e.g. python -c 'import secrets; "

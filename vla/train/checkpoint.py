@@ -98,9 +98,8 @@ def run_dir_lock(
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(_locked(run_dir))
-        except (
-            BaseException
-        ):  # busy, or the folder cannot be written (EACCES, a full disk): all refuse together
+        # busy, or the folder cannot be written (EACCES, a full disk): all refuse together
+        except BaseException:
             agree(False)
             raise
         agree(True)
