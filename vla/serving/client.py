@@ -90,9 +90,10 @@ _RETRIED_STATUSES = frozenset({502, 503, 504})
 
 
 class ConnectionRejectedError(websockets.exceptions.InvalidStatus):
-    """The server refused the WebSocket handshake with an HTTP status (401: no or a wrong API key; 503: its
-    ``--max-connections`` reached or shutting down); the message carries the server's own explanation. Retrying
-    does not help. A subclass of websockets' ``InvalidStatus``: ``.response.status_code`` and ``.body`` as there."""
+    """The server refused the WebSocket handshake with an HTTP status (401: no or a wrong API key, raised at once;
+    503: its ``--max-connections`` reached or shutting down, raised once retrying until the connect deadline did not
+    help); the message carries the server's own explanation. A subclass of websockets' ``InvalidStatus``:
+    ``.response.status_code`` and ``.body`` as there."""
 
     def __init__(self, url: str, rejected: websockets.exceptions.InvalidStatus) -> None:
         super().__init__(rejected.response)
@@ -127,24 +128,34 @@ def _options(url: str, api_key: str | None, timeout: float, connect_timeout: flo
             "api_key: must be printable ASCII without leading or trailing whitespace (a key read from a file "
             "keeps its newline: strip() it)"
         )
-    for name, value, least in (("timeout", timeout, 0.0), ("connect_timeout", connect_timeout, -1e-300)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > least:
-            raise ValueError(f"{name} must be a number of seconds, > 0 for timeout and >= 0 for connect_timeout, "
-                             f"got {value!r}")  # fmt: skip
+    for name, value, zero_ok in (("timeout", timeout, False), ("connect_timeout", connect_timeout, True)):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or value < 0 or (value == 0 and not zero_ok):
+            bound = ">= 0" if zero_ok else "> 0"
+            raise ValueError(f"{name} must be a number of seconds {bound}, got {value!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an int >= 0 (resends after a dropped connection), got {retries!r}")
     return url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
 
 
-def _connect_failed(client: Any, e: BaseException, budget: str) -> BaseException:
-    """The error to raise when connecting has failed for good: ``ClientClosedError`` if ``close()`` ended the
-    client meanwhile; else one naming the URL and the time budget spent (``connect_timeout`` or ``timeout``)."""
+def _unless_retried(client: Any, e: Exception, deadline: float, budget: str) -> None:
+    """After a failed connection attempt of ``client`` (sync or asyncio): return when another attempt is due, else
+    raise what ends them. A handshake refused with 401/403 and friends is final at once
+    (``ConnectionRejectedError``); 502/503/504 may pass and are retried until ``deadline``, as are refused or
+    timed-out connections, which then raise an error naming the URL and the time budget spent (``connect_timeout``
+    or ``timeout``); ``ClientClosedError`` when ``close()`` ended the client meanwhile."""
     if client._closed:
-        return _closed_error(client)
-    return ConnectionError(
-        f"could not connect to {client.url} within {budget}={getattr(client, budget):g} s: {type(e).__name__}: {e} "
-        "(is vla serve running there, and ready? it refuses connections while loading)"
-    )
+        raise _closed_error(client) from e
+    late = time.monotonic() >= deadline
+    if isinstance(e, websockets.exceptions.InvalidStatus):
+        if late or e.response.status_code not in _RETRIED_STATUSES:
+            raise ConnectionRejectedError(client.url, e) from None
+        return
+    if late:
+        raise ConnectionError(
+            f"could not connect to {client.url} within {budget}={getattr(client, budget):g} s: {type(e).__name__}: "
+            f"{e} (is vla serve running there, and ready? it refuses connections while loading)"
+        ) from e
 
 
 def _late(client: Any) -> TimeoutError:
@@ -289,13 +300,8 @@ class WebsocketClient:
                     **_SYNC_LEGACY,
                 )
                 break
-            except websockets.exceptions.InvalidStatus as e:  # 401/403: retrying will not help
-                if e.response.status_code not in _RETRIED_STATUSES or time.monotonic() >= deadline:
-                    raise ConnectionRejectedError(self.url, e) from None
-                time.sleep(0.2)
             except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as e:
-                if time.monotonic() >= deadline or self._closed:
-                    raise _connect_failed(self, e, budget) from e
+                _unless_retried(self, e, deadline, budget)
                 time.sleep(0.2)
         try:
             self.metadata = _response(self._ws.recv(timeout=max(0.1, deadline - time.monotonic())))
@@ -422,13 +428,8 @@ class AsyncWebsocketClient:
                     close_timeout=_CLOSE_TIMEOUT,
                 )
                 break
-            except websockets.exceptions.InvalidStatus as e:  # 401/403: retrying will not help
-                if e.response.status_code not in _RETRIED_STATUSES or time.monotonic() >= deadline:
-                    raise ConnectionRejectedError(self.url, e) from None
-                await asyncio.sleep(0.2)
             except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as e:
-                if time.monotonic() >= deadline or self._closed:
-                    raise _connect_failed(self, e, budget) from e
+                _unless_retried(self, e, deadline, budget)
                 await asyncio.sleep(0.2)
         try:
             self.metadata = _response(
