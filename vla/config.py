@@ -308,7 +308,7 @@ def _fits(tp: Any, v: Any) -> bool:
             return False
         if isinstance(v, str):
             try:
-                tp(v) if tp is float else int(v)
+                tp(v)
             except ValueError:
                 return False
             return True
