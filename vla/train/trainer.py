@@ -909,14 +909,22 @@ def train(
     env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, before any process waits for another
     # the process group first: every rank learns whether rank 0 got the folder, and all refuse together
     rt = Runtime.start(cfg.distributed)
-    with ckpt.run_dir_lock(Path(run_dir), rank=rt.rank, agree=rt.all_true):
-        trainer = Trainer(
-            cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment, runtime=rt
-        )
-        try:
-            return trainer.run()
-        finally:
-            trainer.rt.close()
+    try:
+        with ckpt.run_dir_lock(Path(run_dir), rank=rt.rank, agree=rt.all_true):
+            trainer = Trainer(
+                cfg, run_dir, init_from=init_from, require_embodiment=require_embodiment, runtime=rt
+            )
+            try:
+                return trainer.run()
+            finally:
+                trainer.rt.close()
+    except BaseException:
+        # a refused or failed launch of several processes: the process exits next, so its process group goes
+        # first (left to the interpreter's exit, gloo's threads sometimes aborted it: "terminate called without an
+        # active exception", a killed rank instead of the error's exit status)
+        if rt.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
 
 
 def is_distributed() -> bool:
