@@ -1,6 +1,7 @@
 """What a CUDA machine must pass (marker ``gpu``; ``make test-gpu`` runs them, every other run skips them):
-CPU/GPU numerical agreement, a bf16-autocast training step, compiled serving on CUDA, masked grouped-query
-attention on the efficient kernel, and `vla train` checkpointing and resuming on the GPU.
+CPU/GPU numerical agreement, a bf16-autocast training step (and one that never waits on the GPU), compiled serving
+on CUDA, masked grouped-query attention on the efficient kernel, and `vla train` checkpointing and resuming on the
+GPU.
 
 Tiny seeded models as everywhere else; noise and flow time come from CPU generators, so both devices see the same
 draws."""
@@ -97,6 +98,27 @@ def test_bf16_autocast_training_step_on_cuda() -> None:
             assert p.grad is not None and torch.isfinite(p.grad).all(), name
     moved = [n for n, p in m.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
     assert len(moved) > 0.9 * len(before), f"only {len(moved)} of {len(before)} trainable tensors moved"
+
+
+def test_a_training_step_from_a_pinned_batch_never_waits_on_the_gpu() -> None:
+    """A pinned batch (what the loader yields on CUDA) through the forward and backward, bf16 autocast, with
+    torch's sync debug mode raising on any host-device synchronization; the CPU-side stand-in is
+    ``test_a_step_reads_nothing_back_from_the_device`` (meta device)."""
+    m = tiny_model("smolvlm", seed=0).cuda().train()
+    batch = synthetic_batch(m).pin_memory()
+    assert all(
+        t.is_pinned() for t in (batch.state, batch.actions, batch.embodiment_id, *batch.images.values())
+    )
+    time, noise = _draws(m, batch)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            terms = m.loss_terms(batch, noise=noise.pin_memory(), time=time.pin_memory())
+        (terms.err.sum() / terms.weight.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(terms.err).all()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

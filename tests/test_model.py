@@ -566,8 +566,8 @@ def test_loss_is_masked_mse_on_the_flow_velocity(model, monkeypatch) -> None:
     seen = {}
     velocity = model.velocity
 
-    def spy(prefix, state, ids, x_t, t, step_valid):
-        v = velocity(prefix, state, ids, x_t, t, step_valid)
+    def spy(prefix, state, ids, x_t, t, step_valid, slots=None):
+        v = velocity(prefix, state, ids, x_t, t, step_valid, slots)
         seen.update(x_t=x_t, t=t, v=v, step_valid=step_valid)
         return v
 

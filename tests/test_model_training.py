@@ -44,6 +44,31 @@ def test_one_backward_reaches_every_trainable_parameter(family: str, freeze: str
     assert not bad, f"non-finite gradient for {bad}"
 
 
+@pytest.mark.parametrize("mix", ["mixed", "one_embodiment"])
+@pytest.mark.parametrize("freeze", ["frozen_backbone", "unfrozen"])
+@pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])
+def test_a_step_reads_nothing_back_from_the_device(family: str, freeze: str, mix: str) -> None:
+    """On CUDA, every read of a device value on the host (``int(t)``, ``bool(t)``, ``nonzero``, a blocking copy)
+    waits for the GPU's queued work: mid-step it leaves the GPU idle while the host catches up. The model on the
+    ``meta`` device stands in for the GPU, where any such read raises: the training forward and backward (fp32 and
+    bf16 autocast) and sampling read only host tensors (ids, masks, the chunk lengths from the specs)."""
+    cpu = tiny_model(family, backbone=FREEZE[freeze]).train()
+    names = [cpu.specs[0].name] * 4 if mix == "one_embodiment" else None
+    batch = synthetic_batch(cpu, embodiments=names)
+    t, noise = cpu.draw_flow_inputs(4, batch.actions.shape[1], torch.Generator().manual_seed(1))
+    m = cpu.to("meta")
+    for precision in (None, torch.bfloat16):
+        with torch.autocast("cpu", dtype=precision or torch.float32, enabled=precision is not None):
+            terms = m.loss_terms(batch, noise=noise, time=t)
+        (terms.err.sum() / terms.weight.sum()).backward()
+        assert terms.err.device.type == "meta" and terms.err.shape == (4,)
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+    with torch.no_grad():
+        chunk = m.eval().sample_actions(batch)  # noise drawn on the device
+    horizon = max(min(m.specs[i].chunk_length, m.cfg.chunk_length) for i in batch.embodiment_id.tolist())
+    assert chunk.device.type == "meta" and chunk.shape == (4, horizon, m.cfg.max_action_dim)
+
+
 def test_the_last_backbone_layer_keeps_only_its_key_value_weights() -> None:
     m = tiny_model("paligemma2")
     last = len(m.backbone.layers) - 1

@@ -1418,6 +1418,30 @@ def test_process_group_gets_the_configured_timeout(monkeypatch: pytest.MonkeyPat
         load_train_config("sim_pretrain", ["distributed.timeout_minutes=0"])
 
 
+def test_tf32_is_set_on_cuda_runtimes_only_and_keeps_the_legacy_flag_readable() -> None:
+    """``train.tf32`` (on by default) switches CUDA float32 matmuls/convolutions to TF32 on a CUDA runtime; a CPU
+    runtime changes nothing process-wide. Set so that ``allow_tf32`` stays readable: torch >= 2.9 raises on reading
+    it once the newer ``fp32_precision`` was set (user code and older libraries read it)."""
+    from vla.train.distributed import Runtime, set_cuda_tf32
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = False
+        assert load_train_config("sim_pretrain", []).train.tf32 is True
+        Runtime(0, 1, torch.device("cpu"), "single", None).set_tf32(True)
+        assert matmul.allow_tf32 is False and cudnn.allow_tf32 is False
+        set_cuda_tf32(True)
+        assert matmul.allow_tf32 is True and cudnn.allow_tf32 is True
+        assert getattr(matmul, "fp32_precision", "tf32") == "tf32"  # what torch >= 2.9 reads
+        set_cuda_tf32(False)
+        assert matmul.allow_tf32 is False and cudnn.allow_tf32 is False
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+    with pytest.raises(ConfigError, match=r"train\.tf32"):
+        load_train_config("sim_pretrain", ["train.tf32=maybe"])
+
+
 def test_fused_adamw_falls_back_when_a_parameter_has_no_fused_kernel(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

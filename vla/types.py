@@ -16,6 +16,7 @@ width padded to the batch maximum, h/w = image height/width):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,21 +179,36 @@ class Batch:
                 f"{PROMPT}: expected a list of {b} strings, got {type(self.prompt).__name__} of length {len(self.prompt)}"
             )
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """Move every tensor to ``device`` (prompt and meta are kept as they are)."""
-        mv = lambda x: x.to(device, non_blocking=non_blocking)  # noqa: E731
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """This batch with ``fn`` applied to every tensor (prompt and meta kept as they are)."""
         return Batch(
-            images={k: mv(v) for k, v in self.images.items()},
-            image_mask={k: mv(v) for k, v in self.image_mask.items()},
-            state=mv(self.state),
-            state_mask=mv(self.state_mask),
-            actions=mv(self.actions),
-            action_mask=mv(self.action_mask),
-            action_is_pad=mv(self.action_is_pad),
+            images={k: fn(v) for k, v in self.images.items()},
+            image_mask={k: fn(v) for k, v in self.image_mask.items()},
+            state=fn(self.state),
+            state_mask=fn(self.state_mask),
+            actions=fn(self.actions),
+            action_mask=fn(self.action_mask),
+            action_is_pad=fn(self.action_is_pad),
             prompt=list(self.prompt),
-            embodiment_id=mv(self.embodiment_id),
+            embodiment_id=fn(self.embodiment_id),
             meta=self.meta,
         )
+
+    def pin_memory(self) -> Batch:
+        """This batch with every tensor in page-locked host memory (what ``DataLoader(pin_memory=True)`` calls on
+        each batch), so copies to a CUDA device run asynchronously. Needs an accelerator."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """Move every tensor to ``device`` (prompt and meta are kept as they are)."""
+        return self._map(lambda x: x.to(device, non_blocking=non_blocking))
+
+
+def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``x`` on ``device``. A host-to-device copy does not make the host wait for the device's queued work (a
+    blocking copy synchronizes the CUDA stream: the model's several per forward stalled the host mid-step). Safe
+    from pageable memory too (CUDA stages it before returning); from a pinned batch the copy is fully async."""
+    return x.to(device, non_blocking=x.device.type == "cpu")
 
 
 class ObservationError(ShapeError):

@@ -156,6 +156,8 @@ class VLALoader:
         stats_keys: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.dataset, self.cfg = dataset, cfg
+        # batches in page-locked memory (set by a CUDA trainer): host-to-device copies run async, at full speed
+        self.pin_memory = False
         self.stats, self.stats_keys = stats, dict(stats_keys or {})
         self.embodiment_ids = dict(embodiment_ids)
         self.order = SampleOrder(
@@ -239,6 +241,7 @@ class VLALoader:
             batch_sampler=self.order,
             num_workers=self.cfg.num_workers,
             collate_fn=_Collate(self.embodiment_ids),
+            pin_memory=self.pin_memory,
             persistent_workers=False,
             prefetch_factor=4 if self.cfg.num_workers else None,
             generator=self._generator(),

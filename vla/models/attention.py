@@ -348,7 +348,8 @@ def grouped_attention(
     kv, s = k.shape[1], k.shape[2]
     g = h // kv
     device = q.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
     if softcap or dtype == torch.float16:
         logits = torch.matmul(q.reshape(b, kv, g * t, d), k.transpose(-1, -2)) * scale
         if softcap:
@@ -544,8 +545,10 @@ def full_image_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: obj
     vision towers vla runs only ever see whole images (``VLMBackbone.pixels`` resizes every frame to the full square
     and no patch mask is passed), so HF's all-ones patch mask says nothing; under ``torch.compile`` SDPA's mask
     function could not tell and built a full ``[B, 1, T, T]`` mask, which the explicit form then expanded per head in
-    every layer. Checked where it can be (eager): a padded image would be an error here, not a silent full view."""
-    if attention_mask is not None and not torch.compiler.is_compiling() and not bool(attention_mask.all()):
+    every layer. Checked where it can be read for free (eager, a host tensor): a padded image is an error here, not
+    a silent full view. A mask on an accelerator is not read: that would stall the host on every vision pass."""
+    readable = attention_mask is not None and attention_mask.device.type == "cpu"
+    if readable and not torch.compiler.is_compiling() and not bool(attention_mask.all()):
         raise ValueError(
             "vla's vision attention serves whole images only; got a padded patch mask (call the vision tower "
             "without one, as VLMBackbone does, or give it attn_implementation='sdpa')"

@@ -39,7 +39,7 @@ from vla.models.hf_loading import (  # re-exported: callers import these from vl
     load_image_norm,
     resolve_pretrained,
 )
-from vla.types import IMAGE_SLOTS
+from vla.types import IMAGE_SLOTS, to_device
 
 
 @dataclass
@@ -244,7 +244,7 @@ class VLMBackbone(nn.Module):
             max_length=self.cfg.max_prompt_tokens,
             return_tensors="pt",
         )
-        return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
+        return to_device(enc["input_ids"], device), to_device(enc["attention_mask"], device).bool()
 
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """Normalized pixels ``[N, 3, S, S]`` -> image tokens ``[N, n_tok, D]`` (vision tower, projector)."""
@@ -285,14 +285,14 @@ class VLMBackbone(nn.Module):
         parts, valid = [], []
         slots, pixels = [], []
         for slot in [s for s in IMAGE_SLOTS if s in images]:
-            present = image_mask[slot].to(device)
+            mask = image_mask[slot]  # read where the loader put it (the host): no wait on the device
             frames = images[slot][:, -1]  # [B, H, W, 3], on the loader's device (CPU or the model's)
-            rows = present.nonzero().flatten()
+            rows = mask.nonzero().flatten()
             if len(rows) == 0:
                 continue
             # vision only for samples that have this camera; select on the frames' device, then move only those
-            slots.append((present, rows))
-            pixels.append(self.pixels(frames.index_select(0, rows.to(frames.device)).to(device)))
+            slots.append((to_device(mask, device), to_device(rows, device)))
+            pixels.append(self.pixels(to_device(frames.index_select(0, rows.to(frames.device)), device)))
         if pixels:  # every present image of every slot through the vision tower in one batch
             with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.freeze_vision):
                 tokens = self._encode_pixels(torch.cat(pixels)).split([len(r) for _, r in slots])

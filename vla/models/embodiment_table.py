@@ -17,6 +17,7 @@ from vla.embodiments import EmbodimentSpec
 from vla.models.config import ModelConfig
 from vla.models.heads import EmbodimentHeads
 from vla.models.sharding import check_not_sharded
+from vla.types import to_device
 
 
 def check_fits(cfg: ModelConfig, spec: EmbodimentSpec) -> None:
@@ -58,14 +59,23 @@ class EmbodimentTable(nn.Module):
         dev = self.embodiment_tokens.weight.device
         if dev.type == "meta":  # built without weights (vla.models.meta): the tables are computed, so real
             dev = torch.device("cpu")
-        self.register_buffer(
-            "chunk_lengths",
-            torch.tensor([min(s.chunk_length, self.cfg.chunk_length) for s in self.specs], device=dev),
-            persistent=False,
-        )
+        self.register_buffer("chunk_lengths", self.host_chunk_lengths().to(dev), persistent=False)
         self.register_buffer(
             "action_dims", torch.tensor([s.action_dim for s in self.specs], device=dev), persistent=False
         )
+
+    def host_chunk_lengths(self) -> torch.Tensor:
+        """``chunk_lengths`` ``[E]`` computed on the host from the specs: for code that needs the values in Python
+        (a loop bound, a host-side mask) without waiting for the device to catch up."""
+        return torch.tensor([min(s.chunk_length, self.cfg.chunk_length) for s in self.specs])
+
+    def _table_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's embodiment ids ``[B]`` checked against the table (see ``_check_ids``), on the host and on the
+        model's device. The check reads the host copy: reading device ids would stall the host until the device
+        has caught up (the loader's ids are on the host)."""
+        host = ids.cpu()
+        self._check_ids(host)
+        return host, to_device(host, self.embodiment_tokens.weight.device)
 
     def _set_token_trainable(self) -> None:
         # Always trained: with a frozen backbone only the token's own row runs with autograd

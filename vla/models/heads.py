@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vla.types import to_device
+
 
 class EmbodimentLinear(nn.Module):
     """``y[b] = x[b] @ W[e_b] + bias[e_b]`` for ``x`` ``[B, T, in]`` and embodiment ids ``e`` ``[B]`` -> ``[B, T, out]``."""
@@ -53,12 +55,13 @@ class EmbodimentLinear(nn.Module):
         self.bias = nn.Parameter(torch.cat([self.bias.data, b]))
 
 
-def route(ids: torch.Tensor) -> torch.Tensor | int:
+def route(ids: torch.Tensor, device: torch.device | None = None) -> torch.Tensor | int:
     """How a batch's embodiment ids ``[B]`` are applied: one ``int`` when every sample has the same embodiment
-    (plain matmuls), else the ids (one ``bmm``). Decided once per batch: it reads the ids on the host."""
+    (plain matmuls), else the ids (one ``bmm``), moved to ``device`` when given. Decided once per batch from the
+    ids' values: pass the host copy (reading a CUDA tensor waits for the device to finish its queued work)."""
     if ids.numel() and bool((ids == ids[0]).all()):
         return int(ids[0])
-    return ids
+    return ids if device is None else to_device(ids, device)
 
 
 def sinusoidal_embedding(

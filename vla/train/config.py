@@ -62,7 +62,9 @@ class LoopConfig:
     and GPUs), for runs of at least ``AUTO_COMPILE_MIN_STEPS`` steps (the compile, tens of seconds on a CPU, would
     not pay back in a shorter one); a compile that fails leaves the run eager. ``always`` (a failure is an error) /
     ``never`` force it. The choice is kept in the checkpoint; a resumed run under ``auto`` takes it over (bitwise
-    resume), an explicit ``always``/``never`` wins. Not under FSDP2."""
+    resume), an explicit ``always``/``never`` wins. Not under FSDP2. ``tf32``: on CUDA, float32 matmuls and
+    convolutions (an fp32 run; the float32 parts of a bf16 run) use TF32 tensor cores (Ampere and newer), as
+    LeRobot's trainer does; false keeps IEEE float32. The CPU's float32 math is never changed."""
 
     steps: int = 1000
     save_every: int = 500
@@ -77,6 +79,7 @@ class LoopConfig:
     val_split: str = "val"
     val_at_start: bool = False
     compile: str = "auto"
+    tf32: bool = True
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, f"train.steps must be >= 1, got {self.steps}")

@@ -102,6 +102,12 @@ class Runtime:
             apply_fsdp2(model, mp_policy=mp)
         return model
 
+    def set_tf32(self, enabled: bool) -> None:
+        """TF32 tensor cores for float32 matmuls and convolutions on this runtime's CUDA device (``train.tf32``);
+        nothing on CPU, whose float32 math (and bitwise resume) stays as it is."""
+        if self.device.type == "cuda":
+            set_cuda_tf32(enabled)
+
     def autocast(self, precision: str) -> contextlib.AbstractContextManager:
         if precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -192,3 +198,12 @@ class Runtime:
 def _set_fsdp_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     model.set_requires_gradient_sync(sync)
     yield
+
+
+def set_cuda_tf32(enabled: bool) -> None:
+    """CUDA float32 matmuls and cuDNN convolutions in TF32 (``enabled``) or IEEE float32; process-wide, CUDA only.
+
+    Set through ``allow_tf32``, as LeRobot's trainer does: torch >= 2.9 also has ``fp32_precision``, but once that
+    is set, reading ``allow_tf32`` (user code, older libraries) raises, while the reverse reads fine."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled

@@ -55,7 +55,7 @@ from vla.train.model_setup import build_model, held_in_float32, hold_frozen_in_b
 from vla.train.optim import apply_settings, build_optimizer, build_scheduler, lr_multiplier
 from vla.train.optim import settings as optimizer_settings
 from vla.train.stop import StopRequests, mark_launch
-from vla.types import Batch
+from vla.types import Batch, to_device
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         env_kernel()  # a bad VLA_CPU_BF16_ATTENTION fails now, not at the first bf16 step
         self.rt = runtime or Runtime.start(cfg.distributed)
+        self.rt.set_tf32(cfg.train.tf32)
         self.config = config_dict(cfg)
         self.resume_from = self._check_run_dir()
         if self.resume_from is None:
@@ -155,6 +156,7 @@ class Trainer:
         self.loader = build_loader(
             cfg.data, rank=self.rt.rank, world_size=self.rt.world_size, train=True, **self._rehearsal()
         )
+        self.loader.pin_memory = self.rt.device.type == "cuda"
         self._keep_run_stats(self.loader)
         if require_embodiment is not None and require_embodiment not in self.loader.embodiment_ids:
             raise ValueError(
@@ -512,6 +514,7 @@ class Trainer:
                 )
             return None
         self._keep_run_stats(val, warn=False)  # the training loader's warning named the changes
+        val.pin_memory = self.loader.pin_memory
         return val
 
     def _batches(self):
@@ -540,9 +543,11 @@ class Trainer:
 
     def _weight(self, batch: Batch) -> torch.Tensor:
         """Number of (step, dim) entries the loss averages over in ``batch`` (the model's masks, without a forward)."""
-        ids = batch.embodiment_id.to(self.model.chunk_lengths.device)
+        lengths = self.model.host_chunk_lengths()[
+            batch.embodiment_id.cpu()
+        ]  # on the host: no wait on the device
         h = batch.actions.shape[1]
-        steps = (torch.arange(h)[None] < self.model.chunk_lengths[ids].cpu()[:, None]) & ~batch.action_is_pad
+        steps = (torch.arange(h)[None] < lengths[:, None]) & ~batch.action_is_pad.cpu()
         return (steps.sum(1) * batch.action_mask.sum(1)).sum().float()
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -629,23 +634,24 @@ class Trainer:
         rt, model = self.rt, self.wrapped
         weight = rt.all_reduce_sum(torch.stack([self._weight(b) for b in micro]).sum())
         scale = rt.world_size / weight.clamp(min=1)
-        per_emb = torch.zeros(2, len(self.model.specs))
-        per_ds = torch.zeros(2, len(self.datasets))
+        # [err, weight] sums per embodiment and per dataset, kept where the loss is (on CUDA the host reads them
+        # once per step, after the backward passes, instead of waiting on the device in every micro-batch)
+        per_emb = torch.zeros(2, len(self.model.specs), device=rt.device)
+        per_ds = torch.zeros(2, len(self.datasets), device=rt.device)
         for i, batch in enumerate(micro):
             t, noise = self._flow_inputs(batch, self.step)
             sync = i == len(micro) - 1
             with rt.no_sync(model, sync), rt.autocast(self.cfg.train.precision):
                 terms = model(batch, noise=noise, time=t)
             (terms.err.sum() * scale).backward()
-            err, w = terms.err.detach().float().cpu(), terms.weight.detach().float().cpu()
-            ids = terms.embodiment_id.cpu()
-            per_emb[0].index_add_(0, ids, err)
-            per_emb[1].index_add_(0, ids, w)
-            ds = torch.tensor([self.datasets.index(d) for d in batch.meta["dataset"]])
+            err, w = terms.err.detach().float(), terms.weight.detach().float()
+            per_emb[0].index_add_(0, terms.embodiment_id, err)
+            per_emb[1].index_add_(0, terms.embodiment_id, w)
+            ds = to_device(torch.tensor([self.datasets.index(d) for d in batch.meta["dataset"]]), rt.device)
             per_ds[0].index_add_(0, ds, err)
             per_ds[1].index_add_(0, ds, w)
         grad_norm = rt.clip_grad_norm(self.model, self.cfg.train.grad_clip)
-        per_emb, per_ds = rt.all_reduce_sum(per_emb), rt.all_reduce_sum(per_ds)
+        per_emb, per_ds = rt.all_reduce_sum(per_emb).cpu(), rt.all_reduce_sum(per_ds).cpu()
         loss = float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1))
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
             # the same on every rank (a global norm, a reduced loss): all stop together, before the update that
@@ -786,7 +792,8 @@ class Trainer:
         for each embodiment in those batches (with rehearsal: the base robots' next to the new one's)."""
         assert self.val_loader is not None
         self.wrapped.eval()
-        per_emb = torch.zeros(2, len(self.model.specs))  # [err, weight] per embodiment slot
+        # [err, weight] per embodiment slot, on the model's device until all batches ran
+        per_emb = torch.zeros(2, len(self.model.specs), device=self.rt.device)
         self.val_loader.epoch, self.val_loader.batches_done = 0, 0
         for i, batch in enumerate(self.val_loader):
             if i >= self.cfg.train.val_batches:
@@ -794,11 +801,10 @@ class Trainer:
             t, noise = self._flow_inputs(batch, _VALIDATION_STEP)
             with self.rt.autocast(self.cfg.train.precision):
                 terms = self.wrapped(batch, noise=noise, time=t)
-            ids = terms.embodiment_id.cpu()
-            per_emb[0].index_add_(0, ids, terms.err.detach().float().cpu())
-            per_emb[1].index_add_(0, ids, terms.weight.detach().float().cpu())
+            per_emb[0].index_add_(0, terms.embodiment_id, terms.err.detach().float())
+            per_emb[1].index_add_(0, terms.embodiment_id, terms.weight.detach().float())
         self.wrapped.train()
-        per_emb = self.rt.all_reduce_sum(per_emb)
+        per_emb = self.rt.all_reduce_sum(per_emb).cpu()
         out = {"val_loss": round(float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1)), 6)}
         for name, j in self.model.embodiment_ids.items():
             if per_emb[1, j] > 0:

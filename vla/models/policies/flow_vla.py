@@ -37,7 +37,7 @@ from vla.models.expert import ActionExpert, ExpertPlan
 from vla.models.heads import route
 from vla.models.policies import POLICIES
 from vla.models.serving_graphs import ServingGraphs
-from vla.types import Batch
+from vla.types import Batch, to_device
 
 if TYPE_CHECKING:
     from vla.data.normalize import StatsFile
@@ -93,8 +93,7 @@ class FlowVLA(EmbodimentTable, ServingGraphs):
     def compute_prefix(self, batch: Batch) -> Prefix:
         """Backbone keys/values of the batch's observation (images, prompt, embodiment token)."""
         self._check_serving()
-        ids = batch.embodiment_id.to(self.embodiment_tokens.weight.device)
-        self._check_ids(ids)
+        _, ids = self._table_ids(batch.embodiment_id)
         token = self.embodiment_tokens(ids)
         grad = torch.is_grad_enabled()
         # a config-frozen backbone with trainable language-layer weights (LoRA adapters) runs with autograd
@@ -128,13 +127,15 @@ class FlowVLA(EmbodimentTable, ServingGraphs):
         x_t: torch.Tensor,
         t: torch.Tensor,
         step_valid: torch.Tensor,
+        slots: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
         """Expert velocity ``[B, H, A_max]`` for noisy actions ``x_t`` ``[B, H, A_max]`` at flow time ``t`` ``[B]``.
 
         Inputs are cast to the heads' dtype, so a model cast to bfloat16 for inference (``model.to(torch.bfloat16)``)
-        takes the float32 integration state as it is."""
+        takes the float32 integration state as it is. ``slots``: ``route`` of the ids' host copy (else read from
+        ``ids``)."""
         dtype = self.heads.action_in.weight.dtype
-        slots = route(ids)
+        slots = route(ids) if slots is None else slots
         s = self.heads.encode_state(state.to(dtype), slots)
         a = self.heads.encode_actions(x_t.to(dtype), t, slots)  # t stays float32: it is only embedded
         valid = torch.cat([step_valid.new_ones(step_valid.shape[0], 1), step_valid], dim=1)
@@ -167,12 +168,15 @@ class FlowVLA(EmbodimentTable, ServingGraphs):
         sample by the trainer so a sample's loss does not depend on which process or micro-batch it lands in;
         otherwise they are drawn from ``generator`` (or the global RNG)."""
         dev = self.embodiment_tokens.weight.device
-        ids = batch.embodiment_id.to(dev)
-        self._check_ids(ids)  # before any table lookup (on CUDA a bad index is a device-side assert)
-        state, _ = self._padded(batch.state.to(dev), batch.state_mask.to(dev), self.cfg.max_state_dim)
-        actions, dim_mask = self._padded(
-            batch.actions.to(dev), batch.action_mask.to(dev), self.cfg.max_action_dim
+        # checked before any table lookup (on CUDA a bad index is a device-side assert)
+        host_ids, ids = self._table_ids(batch.embodiment_id)
+        state, _ = self._padded(
+            to_device(batch.state, dev), to_device(batch.state_mask, dev), self.cfg.max_state_dim
         )
+        actions, dim_mask = self._padded(
+            to_device(batch.actions, dev), to_device(batch.action_mask, dev), self.cfg.max_action_dim
+        )
+        is_pad = to_device(batch.action_is_pad, dev)
         b, h, _ = actions.shape
         step_valid = self._step_valid(ids, h)
         with self._autocast():
@@ -182,15 +186,13 @@ class FlowVLA(EmbodimentTable, ServingGraphs):
                 u01 = _rand(torch.rand, (b,), generator, dev) if generator is not None else None
                 t = _beta_sample(beta, u01, b, dev) * (1 - self.cfg.flow.t_min) + self.cfg.flow.t_min
             else:
-                t = time.to(dev, torch.float32)
+                t = to_device(time, dev).float()
             if noise is None:
                 noise = _rand(torch.randn, actions.shape, generator, dev)
-            noise = noise[:, :h, : actions.shape[-1]].to(dev, torch.float32) * dim_mask[:, None, :]
+            noise = to_device(noise[:, :h, : actions.shape[-1]], dev).float() * dim_mask[:, None, :]
             x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
-            v = self.velocity(prefix, state, ids, x_t, t, step_valid)
-        weight = (
-            dim_mask[:, None, :] & step_valid[:, :, None] & ~batch.action_is_pad.to(dev)[:, :, None]
-        ).float()
+            v = self.velocity(prefix, state, ids, x_t, t, step_valid, route(host_ids, dev))
+        weight = (dim_mask[:, None, :] & step_valid[:, :, None] & ~is_pad[:, :, None]).float()
         err = (v.float() - (noise - actions)) ** 2 * weight
         return LossTerms(err=err.sum(dim=(1, 2)), weight=weight.sum(dim=(1, 2)), embodiment_id=ids)
 
@@ -232,23 +234,24 @@ class FlowVLA(EmbodimentTable, ServingGraphs):
         its embodiment's chunk length and dims past its action dim are 0. ``reuse_prefix=False`` recomputes the
         prefix at every step (slower; same result — kept to test the cache)."""
         dev = self.embodiment_tokens.weight.device
-        ids = batch.embodiment_id.to(dev)
-        self._check_ids(ids)
+        host_ids, ids = self._table_ids(batch.embodiment_id)
         steps = self.cfg.flow.num_steps if num_steps is None else num_steps
         if steps < 1:
             raise ValueError(f"sample_actions: num_steps must be >= 1, got {steps}")
-        horizon = int(self.chunk_lengths[ids].max())
-        state, _ = self._padded(batch.state.to(dev), batch.state_mask.to(dev), self.cfg.max_state_dim)
+        horizon = int(self.host_chunk_lengths()[host_ids].max())
+        slots = route(host_ids, dev)
+        state, _ = self._padded(
+            to_device(batch.state, dev), to_device(batch.state_mask, dev), self.cfg.max_state_dim
+        )
         dim_mask = torch.arange(self.cfg.max_action_dim, device=dev)[None] < self.action_dims[ids][:, None]
         step_valid = self._step_valid(ids, horizon)
         out_mask = (step_valid[:, :, None] & dim_mask[:, None, :]).float()
         if noise is None:
             noise = _rand(torch.randn, (len(ids), horizon, self.cfg.max_action_dim), generator, dev)
-        x = noise.to(dev) * dim_mask[:, None, :]
+        x = to_device(noise, dev) * dim_mask[:, None, :]
         dt = -1.0 / steps
         with self._autocast():
             if reuse_prefix:  # prefix and state keys/values, RoPE and masks once; each step runs the actions
-                slots = route(ids)
                 ctx = self.expert.context(self.compute_prefix(batch))
                 s = self.heads.encode_state(state.to(self.heads.state_in.weight.dtype), slots)
                 plan = self.expert.plan(self.expert.extend(ctx, s), step_valid, isolate_first=False)
@@ -258,7 +261,7 @@ class FlowVLA(EmbodimentTable, ServingGraphs):
                 if reuse_prefix:
                     v = step(plan, slots, x, t)
                 else:  # everything from scratch: the joint [state, actions] pass training uses
-                    v = self.velocity(self.compute_prefix(batch), state, ids, x, t, step_valid)
+                    v = self.velocity(self.compute_prefix(batch), state, ids, x, t, step_valid, slots)
                 x = (x + dt * v.float()) * dim_mask[:, None, :]
         return x * out_mask
 
