@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
 from train_helpers import count_attention_kernels
 
 from vla.embodiments import get_embodiment
@@ -48,25 +50,56 @@ def test_one_backward_reaches_every_trainable_parameter(family: str, freeze: str
 @pytest.mark.parametrize("freeze", ["frozen_backbone", "unfrozen"])
 @pytest.mark.parametrize("family", ["smolvlm", "paligemma", "paligemma2"])
 def test_a_step_reads_nothing_back_from_the_device(family: str, freeze: str, mix: str) -> None:
-    """On CUDA, every read of a device value on the host (``int(t)``, ``bool(t)``, ``nonzero``, a blocking copy)
-    waits for the GPU's queued work: mid-step it leaves the GPU idle while the host catches up. The model on the
-    ``meta`` device stands in for the GPU, where any such read raises: the training forward and backward (fp32 and
-    bf16 autocast) and sampling read only host tensors (ids, masks, the chunk lengths from the specs)."""
+    """On CUDA, every read of a device value on the host (``int(t)``, ``bool(t)``, ``nonzero``) and every blocking
+    host-to-device copy waits for the GPU's queued work: mid-step it leaves the GPU idle while the host catches up.
+    The model on the ``meta`` device stands in for the GPU, where any such read raises, and blocking copies to it
+    are recorded: the training forward and backward and sampling read only host tensors (ids, masks, the chunk
+    lengths from the specs) and copy without blocking. (Autocast has no ``meta`` form: bf16 runs on a GPU only,
+    ``test_gpu.py``.)"""
     cpu = tiny_model(family, backbone=FREEZE[freeze]).train()
     names = [cpu.specs[0].name] * 4 if mix == "one_embodiment" else None
     batch = synthetic_batch(cpu, embodiments=names)
     t, noise = cpu.draw_flow_inputs(4, batch.actions.shape[1], torch.Generator().manual_seed(1))
     m = cpu.to("meta")
-    for precision in (None, torch.bfloat16):
-        with torch.autocast("cpu", dtype=precision or torch.float32, enabled=precision is not None):
-            terms = m.loss_terms(batch, noise=noise, time=t)
+    with _BlockingCopies() as copies:
+        terms = m.loss_terms(batch, noise=noise, time=t)
         (terms.err.sum() / terms.weight.sum()).backward()
-        assert terms.err.device.type == "meta" and terms.err.shape == (4,)
+        with torch.no_grad():
+            chunk = m.eval().sample_actions(batch)  # noise drawn on the device
+    assert not copies.seen, "blocking host-to-device copies:\n" + "\n".join(copies.seen)
+    assert terms.err.device.type == "meta" and terms.err.shape == (4,)
     assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
-    with torch.no_grad():
-        chunk = m.eval().sample_actions(batch)  # noise drawn on the device
     horizon = max(min(m.specs[i].chunk_length, m.cfg.chunk_length) for i in batch.embodiment_id.tolist())
     assert chunk.device.type == "meta" and chunk.shape == (4, horizon, m.cfg.max_action_dim)
+
+
+class _BlockingCopies(TorchFunctionMode):
+    """Records where a host tensor is copied to the ``meta`` device without ``non_blocking`` (``Tensor.to``,
+    ``Tensor.copy_``): on CUDA such a copy synchronizes the stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.to:
+            src, dst = args[0], out
+        elif func is torch.Tensor.copy_:
+            dst, src = args[0], args[1]
+        else:
+            return out
+        blocking = not kwargs.get("non_blocking", len(args) > 2 and args[2] is True)
+        if (
+            isinstance(src, torch.Tensor)
+            and src.device.type == "cpu"
+            and dst.device.type == "meta"
+            and blocking
+        ):
+            here = traceback.extract_stack(limit=2)[0]  # the line that copied
+            self.seen.append(f"{here.filename}:{here.lineno} {here.line}")
+        return out
 
 
 def test_the_last_backbone_layer_keeps_only_its_key_value_weights() -> None:

@@ -1419,10 +1419,11 @@ def test_process_group_gets_the_configured_timeout(monkeypatch: pytest.MonkeyPat
 
 
 def test_tf32_is_set_on_cuda_runtimes_only_and_keeps_the_legacy_flag_readable() -> None:
-    """``train.tf32`` (on by default) switches CUDA float32 matmuls/convolutions to TF32 on a CUDA runtime; a CPU
-    runtime changes nothing process-wide. Set so that ``allow_tf32`` stays readable: torch >= 2.9 raises on reading
-    it once the newer ``fp32_precision`` was set (user code and older libraries read it)."""
-    from vla.train.distributed import Runtime, set_cuda_tf32
+    """``train.tf32`` (on by default) switches CUDA float32 matmuls/convolutions to TF32 on a CUDA runtime, and
+    the runtime's close puts the process's settings back; a CPU runtime changes nothing. Set so that
+    ``allow_tf32`` stays readable: torch >= 2.9 raises on reading it once the newer ``fp32_precision`` was set
+    (user code and older libraries read it); a process that chose through ``fp32_precision`` is set through it."""
+    from vla.train.distributed import Runtime, restore_cuda_tf32, set_cuda_tf32
 
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = matmul.allow_tf32, cudnn.allow_tf32
@@ -1431,11 +1432,18 @@ def test_tf32_is_set_on_cuda_runtimes_only_and_keeps_the_legacy_flag_readable() 
         assert load_train_config("sim_pretrain", []).train.tf32 is True
         Runtime(0, 1, torch.device("cpu"), "single", None).set_tf32(True)
         assert matmul.allow_tf32 is False and cudnn.allow_tf32 is False
-        set_cuda_tf32(True)
+        cuda = Runtime(0, 1, torch.device("cuda"), "single", None)  # its flags only: nothing runs on it
+        cuda.set_tf32(True)
         assert matmul.allow_tf32 is True and cudnn.allow_tf32 is True
         assert getattr(matmul, "fp32_precision", "tf32") == "tf32"  # what torch >= 2.9 reads
-        set_cuda_tf32(False)
+        cuda.close()
         assert matmul.allow_tf32 is False and cudnn.allow_tf32 is False
+        if hasattr(matmul, "fp32_precision"):
+            matmul.fp32_precision = "tf32"  # the newer API: reading allow_tf32 now raises
+            before = set_cuda_tf32(False)
+            assert matmul.fp32_precision == "ieee" and before[:2] == ("fp32_precision", "tf32")
+            restore_cuda_tf32(before)
+            assert matmul.fp32_precision == "tf32"
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
     with pytest.raises(ConfigError, match=r"train\.tf32"):

@@ -545,14 +545,18 @@ def full_image_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: obj
     vision towers vla runs only ever see whole images (``VLMBackbone.pixels`` resizes every frame to the full square
     and no patch mask is passed), so HF's all-ones patch mask says nothing; under ``torch.compile`` SDPA's mask
     function could not tell and built a full ``[B, 1, T, T]`` mask, which the explicit form then expanded per head in
-    every layer. Checked where it can be read for free (eager, a host tensor): a padded image is an error here, not
-    a silent full view. A mask on an accelerator is not read: that would stall the host on every vision pass."""
-    readable = attention_mask is not None and attention_mask.device.type == "cpu"
-    if readable and not torch.compiler.is_compiling() and not bool(attention_mask.all()):
-        raise ValueError(
-            "vla's vision attention serves whole images only; got a padded patch mask (call the vision tower "
-            "without one, as VLMBackbone does, or give it attn_implementation='sdpa')"
-        )
+    every layer. Checked in eager mode: a padded image is an error here, not a silent full view; on an accelerator
+    as a device-side assert (reading the mask would stall the host on every vision pass)."""
+    if attention_mask is None or torch.compiler.is_compiling():
+        return None
+    message = (
+        "vla's vision attention serves whole images only; got a padded patch mask (call the vision tower "
+        "without one, as VLMBackbone does, or give it attn_implementation='sdpa')"
+    )
+    if attention_mask.device.type != "cpu":
+        torch._assert_async(attention_mask.all(), message)
+    elif not bool(attention_mask.all()):
+        raise ValueError(message)
     return None
 
 

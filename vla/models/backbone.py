@@ -96,8 +96,12 @@ class VLMBackbone(nn.Module):
                 f"model.backbone.image_size={self.image_size}: {cfg.family} vision towers have fixed position "
                 f"embeddings for {self.native_image_size} px; use 0 or {self.native_image_size}"
             )
+        # SmolVLM's tower takes a patch mask; vla passes an all-True one made on the pixels' device (HF builds it on
+        # the host and copies it, a blocking copy that waits for the GPU, in every vision pass)
+        self.mask_patch: int | None = None
         if cfg.family == "smolvlm":  # any size whose patch grid pixel-shuffles evenly into image tokens
             patch = vcfg.patch_size if isinstance(vcfg.patch_size, int) else vcfg.patch_size[0]
+            self.mask_patch = int(patch)
             step = int(patch) * int(self.hf_config.scale_factor)
             if self.image_size % step:
                 raise ValueError(
@@ -248,7 +252,12 @@ class VLMBackbone(nn.Module):
 
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """Normalized pixels ``[N, 3, S, S]`` -> image tokens ``[N, n_tok, D]`` (vision tower, projector)."""
-        return self.projector(self.vision(pixel_values=pixels).last_hidden_state)
+        kwargs = {}
+        if self.mask_patch:
+            n, _, h, w = pixels.shape
+            grid = (n, h // self.mask_patch, w // self.mask_patch)
+            kwargs["patch_attention_mask"] = torch.ones(grid, dtype=torch.bool, device=pixels.device)
+        return self.projector(self.vision(pixel_values=pixels, **kwargs).last_hidden_state)
 
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 ``[N, H, W, 3]`` -> the vision tower's input ``[N, 3, S, S]`` (resized, normalized).
@@ -292,7 +301,9 @@ class VLMBackbone(nn.Module):
                 continue
             # vision only for samples that have this camera; select on the frames' device, then move only those
             slots.append((to_device(mask, device), to_device(rows, device)))
-            pixels.append(self.pixels(to_device(frames.index_select(0, rows.to(frames.device)), device)))
+            if len(rows) < b:  # else every frame as it is (a pinned batch's frames copy asynchronously)
+                frames = frames.index_select(0, rows.to(frames.device))
+            pixels.append(self.pixels(to_device(frames, device)))
         if pixels:  # every present image of every slot through the vision tower in one batch
             with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.freeze_vision):
                 tokens = self._encode_pixels(torch.cat(pixels)).split([len(r) for _, r in slots])

@@ -27,6 +27,9 @@ class Runtime:
     device: torch.device
     strategy: str
     accelerator: Any
+    tf32_before: tuple[str, Any, Any] | None = (
+        None  # the process's TF32 settings before set_tf32, for close()
+    )
 
     @classmethod
     def start(cls, cfg: DistributedConfig) -> Runtime:
@@ -81,6 +84,11 @@ class Runtime:
             dist.barrier()
 
     def close(self) -> None:
+        if (
+            self.tf32_before is not None
+        ):  # the process's own settings back (a notebook trains, then evaluates)
+            restore_cuda_tf32(self.tf32_before)
+            self.tf32_before = None
         self.barrier()
 
     # ---- the model ----------------------------------------------------------------------------------------
@@ -106,7 +114,8 @@ class Runtime:
         """TF32 tensor cores for float32 matmuls and convolutions on this runtime's CUDA device (``train.tf32``);
         nothing on CPU, whose float32 math (and bitwise resume) stays as it is."""
         if self.device.type == "cuda":
-            set_cuda_tf32(enabled)
+            before = set_cuda_tf32(enabled)
+            self.tf32_before = self.tf32_before or before
 
     def autocast(self, precision: str) -> contextlib.AbstractContextManager:
         if precision == "bf16":
@@ -200,10 +209,28 @@ def _set_fsdp_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     yield
 
 
-def set_cuda_tf32(enabled: bool) -> None:
+def set_cuda_tf32(enabled: bool) -> tuple[str, Any, Any]:
     """CUDA float32 matmuls and cuDNN convolutions in TF32 (``enabled``) or IEEE float32; process-wide, CUDA only.
+    Returns the settings before, for ``restore_cuda_tf32``.
 
     Set through ``allow_tf32``, as LeRobot's trainer does: torch >= 2.9 also has ``fp32_precision``, but once that
-    is set, reading ``allow_tf32`` (user code, older libraries) raises, while the reverse reads fine."""
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    is set, reading ``allow_tf32`` (user code, older libraries) raises, while the reverse reads fine. A process
+    that already chose through ``fp32_precision`` (reading ``allow_tf32`` raises) is set through it instead."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    try:
+        before: tuple[str, Any, Any] = ("allow_tf32", matmul.allow_tf32, cudnn.allow_tf32)
+    except RuntimeError:
+        before = ("fp32_precision", matmul.fp32_precision, cudnn.conv.fp32_precision)
+        matmul.fp32_precision = cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
+        return before
+    matmul.allow_tf32 = cudnn.allow_tf32 = enabled
+    return before
+
+
+def restore_cuda_tf32(before: tuple[str, Any, Any]) -> None:
+    """Put back the settings ``set_cuda_tf32`` returned, through the API they were read from."""
+    api, matmul, conv = before
+    if api == "allow_tf32":
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, conv
+    else:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = matmul, conv

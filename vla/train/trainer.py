@@ -125,6 +125,13 @@ class _Window:
         return means, mean_t, mean_w
 
 
+def _sums_by(values: torch.Tensor, group: torch.Tensor, groups: int) -> torch.Tensor:
+    """Per-group sums ``[R, groups]`` of ``values`` ``[R, B]`` by ``group`` ``[B]`` (ids in ``[0, groups)``), as a
+    masked sum: the same result every run on CUDA too (``index_add_`` adds with atomics there, in any order)."""
+    onehot = group[None, :] == torch.arange(groups, device=group.device)[:, None]  # [groups, B]
+    return (values[:, None, :] * onehot).sum(-1)
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -642,14 +649,13 @@ class Trainer:
             t, noise = self._flow_inputs(batch, self.step)
             sync = i == len(micro) - 1
             with rt.no_sync(model, sync), rt.autocast(self.cfg.train.precision):
-                terms = model(batch, noise=noise, time=t)
+                # on the device already: a DDP/FSDP2 wrapper moves CPU tensor arguments with blocking copies
+                terms = model(batch, noise=to_device(noise, rt.device), time=to_device(t, rt.device))
             (terms.err.sum() * scale).backward()
-            err, w = terms.err.detach().float(), terms.weight.detach().float()
-            per_emb[0].index_add_(0, terms.embodiment_id, err)
-            per_emb[1].index_add_(0, terms.embodiment_id, w)
-            ds = to_device(torch.tensor([self.datasets.index(d) for d in batch.meta["dataset"]]), rt.device)
-            per_ds[0].index_add_(0, ds, err)
-            per_ds[1].index_add_(0, ds, w)
+            pair = torch.stack([terms.err.detach().float(), terms.weight.detach().float()])  # [2, B]
+            per_emb += _sums_by(pair, terms.embodiment_id, per_emb.shape[1])
+            ds = torch.tensor([self.datasets.index(d) for d in batch.meta["dataset"]])
+            per_ds += _sums_by(pair, to_device(ds, rt.device), per_ds.shape[1])
         grad_norm = rt.clip_grad_norm(self.model, self.cfg.train.grad_clip)
         per_emb, per_ds = rt.all_reduce_sum(per_emb).cpu(), rt.all_reduce_sum(per_ds).cpu()
         loss = float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1))
@@ -800,9 +806,11 @@ class Trainer:
                 break
             t, noise = self._flow_inputs(batch, _VALIDATION_STEP)
             with self.rt.autocast(self.cfg.train.precision):
-                terms = self.wrapped(batch, noise=noise, time=t)
-            per_emb[0].index_add_(0, terms.embodiment_id, terms.err.detach().float())
-            per_emb[1].index_add_(0, terms.embodiment_id, terms.weight.detach().float())
+                terms = self.wrapped(
+                    batch, noise=to_device(noise, self.rt.device), time=to_device(t, self.rt.device)
+                )
+            pair = torch.stack([terms.err.detach().float(), terms.weight.detach().float()])
+            per_emb += _sums_by(pair, terms.embodiment_id, per_emb.shape[1])
         self.wrapped.train()
         per_emb = self.rt.all_reduce_sum(per_emb).cpu()
         out = {"val_loss": round(float(per_emb[0].sum() / per_emb[1].sum().clamp(min=1)), 6)}
