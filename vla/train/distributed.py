@@ -27,9 +27,8 @@ class Runtime:
     device: torch.device
     strategy: str
     accelerator: Any
-    tf32_before: tuple[str, Any, Any] | None = (
-        None  # the process's TF32 settings before set_tf32, for close()
-    )
+    # the process's TF32 settings before set_tf32, for close()
+    tf32_before: tuple[str, Any, Any] | None = None
 
     @classmethod
     def start(cls, cfg: DistributedConfig) -> Runtime:
@@ -84,9 +83,8 @@ class Runtime:
             dist.barrier()
 
     def close(self) -> None:
-        if (
-            self.tf32_before is not None
-        ):  # the process's own settings back (a notebook trains, then evaluates)
+        # the process's own settings back (a notebook trains, then evaluates)
+        if self.tf32_before is not None:
             restore_cuda_tf32(self.tf32_before)
             self.tf32_before = None
         self.barrier()

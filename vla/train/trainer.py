@@ -550,9 +550,8 @@ class Trainer:
 
     def _weight(self, batch: Batch) -> torch.Tensor:
         """Number of (step, dim) entries the loss averages over in ``batch`` (the model's masks, without a forward)."""
-        lengths = self.model.host_chunk_lengths()[
-            batch.embodiment_id.cpu()
-        ]  # on the host: no wait on the device
+        # on the host: no wait on the device
+        lengths = self.model.host_chunk_lengths()[batch.embodiment_id.cpu()]
         h = batch.actions.shape[1]
         steps = (torch.arange(h)[None] < lengths[:, None]) & ~batch.action_is_pad.cpu()
         return (steps.sum(1) * batch.action_mask.sum(1)).sum().float()
