@@ -210,6 +210,50 @@ def test_resume_yields_exactly_the_same_batches(data_root: Path, num_workers: in
     assert [_key(x) for x in _all(b)] == [_key(x) for x in epoch1]
 
 
+def _by_sample(batches: list[Batch]) -> dict[tuple, torch.Tensor]:
+    """Each sample's primary image, keyed by (dataset, episode, frame)."""
+    return {k: b.images["primary"][i] for b in batches for i, k in enumerate(_key(b))}
+
+
+def test_workers_persist_across_epochs_and_each_epoch_is_augmented_as_its_own(data_root: Path) -> None:
+    """The loader keeps its two workers from one epoch to the next (new ones at every epoch stall the step that
+    waits for them), and the epoch still reaches them: epoch 1's augmentation is epoch 1's, equal to what a loader
+    starting fresh workers per epoch gives, not a repeat of epoch 0's (the workers' dataset copy predates it)."""
+    cfg = _cfg([data_root / "widowx_set"], num_workers=2, augment=AugmentConfig(enabled=True))
+    kept = build_loader(cfg)
+    epoch0 = _all(kept)
+    pids = [w.pid for w in kept._kept[1]._iterator._workers]
+    epoch1 = _all(kept)
+    assert [w.pid for w in kept._kept[1]._iterator._workers] == pids
+    assert all(w.is_alive() for w in kept._kept[1]._iterator._workers)
+    fresh = build_loader(cfg)
+    fresh.persistent_workers = False
+    for mine, theirs in zip((epoch0, epoch1), (_all(fresh), _all(fresh)), strict=True):
+        assert [_key(b) for b in mine] == [_key(b) for b in theirs]
+        for x, y in zip(mine, theirs, strict=True):
+            for slot in x.images:
+                assert torch.equal(x.images[slot], y.images[slot])
+    assert fresh._kept is None
+    first, second = _by_sample(epoch0), _by_sample(epoch1)
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # a new epoch, new augmentation
+    workers = kept._kept[1]._iterator._workers
+    kept.close()
+    assert kept._kept is None and not any(w.is_alive() for w in workers)
+    assert [_key(b) for b in _all(kept)] == [_key(b) for b in _all(fresh)]  # epoch 2, from new workers
+
+
+def test_a_changed_embodiment_table_or_pinning_starts_new_workers(data_root: Path) -> None:
+    """Workers copy the collate's embodiment table when they start: a change after that must reach the batches."""
+    cfg = _cfg([data_root / "widowx_set"], num_workers=2)
+    loader = build_loader(cfg)
+    assert {int(i) for b in _all(loader) for i in b.embodiment_id} == {0}
+    first = loader._kept[1]
+    loader.embodiment_ids["widowx_bridge"] = 3
+    assert {int(i) for b in _all(loader) for i in b.embodiment_id} == {3}
+    assert loader._kept[1] is not first and first._iterator is None
+    loader.close()
+
+
 def test_iterating_never_draws_from_the_global_torch_rng(data_root: Path) -> None:
     """Each epoch's DataLoader iterator takes its workers' base seed from the loader's own generator (data seed,
     rank, epoch), not from the global torch RNG: a resumed loader, which starts an extra iterator mid-epoch, leaves

@@ -114,8 +114,13 @@ class SampleOrder:
         mine = self._indices(epoch)
         return [mine[i * self.batch_size : (i + 1) * self.batch_size].tolist() for i in range(len(self))]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.batches(self.epoch)[self.start_batch :]
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        """The rest of the current epoch's batches, each sample as ``(epoch, index)``: the epoch travels with the
+        index to the dataset (it seeds the sample's augmentation), since persistent workers hold a copy of the
+        dataset made before this epoch began."""
+        epoch = self.epoch
+        for batch in self.batches(epoch)[self.start_batch :]:
+            yield [(epoch, i) for i in batch]
 
     def stream_state_at(self, epoch: int) -> dict[str, Any] | None:
         """The stream's state at the start of ``epoch`` (drawn already, or about to be drawn)."""
@@ -158,6 +163,11 @@ class VLALoader:
         self.dataset, self.cfg = dataset, cfg
         # batches in page-locked memory (set by a CUDA trainer): host-to-device copies run async, at full speed
         self.pin_memory = False
+        # keep the worker processes from one epoch to the next (with data.num_workers > 0): fresh workers at every
+        # epoch start cost a stall (their start-up competes with the step for the cores) and re-decode every
+        # episode their cache held; ``close`` ends them. A loader read once (validation) sets it False.
+        self.persistent_workers = True
+        self._kept: tuple[tuple[Any, ...], DataLoader] | None = None
         self.stats, self.stats_keys = stats, dict(stats_keys or {})
         self.embodiment_ids = dict(embodiment_ids)
         self.order = SampleOrder(
@@ -219,35 +229,57 @@ class VLALoader:
         self.dataset.normalize = make_normalize_fn(stats, specs, per_dataset=own)
         # episodes cached so far were normalized with the stats replaced
         self.dataset._cache.clear()
+        self.close()  # workers hold copies of the dataset made with the old normalization
         self.stats, self.stats_keys = stats, keys
         return sorted(set(changed))
 
     def _generator(self) -> torch.Generator:
-        """The DataLoader's own RNG, seeded by (data seed, rank, epoch): each iterator draws its workers' base seed
-        from it, not from the global torch RNG, so iterating never moves the training process's RNG (a resumed
-        run, which starts an extra iterator mid-epoch, keeps the exact RNG stream of the run it continues). Samples
-        do not depend on it (each is seeded by its own index); a resumed epoch's workers get the original's base
-        seed, but batch k of the resumed iterator goes to worker k mod W, so what a worker draws from its own
-        global RNG (none of vla's transforms do) is not reproduced across a resume."""
+        """The DataLoader's own RNG, seeded by (data seed, rank, epoch): a DataLoader draws its workers' base seed
+        from it when it starts them, not from the global torch RNG, so iterating never moves the training process's
+        RNG (a resumed run, which starts its workers mid-epoch, keeps the exact RNG stream of the run it continues).
+        Samples do not depend on it (each is seeded by (seed, epoch, index)); persistent workers keep the base seed
+        of the epoch they started in, and batch k of a resumed iterator goes to worker k mod W, so what a worker
+        draws from its own global RNG (none of vla's transforms do) is not reproduced across a resume."""
         entropy = [self.cfg.seed, self.order.rank, self.epoch]
         seed = np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]
         return torch.Generator().manual_seed(int(seed))
 
     def _loader(self) -> DataLoader:
+        """The DataLoader for the current epoch: the kept one while its workers' copies (embodiment table,
+        pinning) still hold, else a new one (kept when ``persistent_workers``). Its sampler reads the epoch and
+        position when each epoch's iteration starts."""
         self.dataset.epoch = self.epoch
         self.order.epoch, self.order.start_batch = self.epoch, self.batches_done
-        return DataLoader(
+        keep = self.persistent_workers and self.cfg.num_workers > 0
+        held = (self.pin_memory, tuple(sorted(self.embodiment_ids.items())))
+        if keep and self._kept is not None and self._kept[0] == held:
+            return self._kept[1]
+        self.close()
+        loader = DataLoader(
             self.dataset,
             batch_sampler=self.order,
             num_workers=self.cfg.num_workers,
-            collate_fn=_Collate(self.embodiment_ids),
+            # a copy: workers pickle the table when they start, so a later change must start new ones
+            collate_fn=_Collate(dict(self.embodiment_ids)),
             pin_memory=self.pin_memory,
-            persistent_workers=False,
+            persistent_workers=keep,
             prefetch_factor=4 if self.cfg.num_workers else None,
             generator=self._generator(),
             # a scheduler's SIGTERM reaches every process: the training process stops the run (vla.train.stop)
             worker_init_fn=_ignore_sigterm,
         )
+        if keep:
+            self._kept = (held, loader)
+        return loader
+
+    def close(self) -> None:
+        """End the kept worker processes (if any); iterating again starts new ones."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            it = kept[1]._iterator
+            kept[1]._iterator = None
+            if it is not None:
+                it._shutdown_workers()
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch (the rest of it after a resume); the next ``iter`` starts the next epoch."""

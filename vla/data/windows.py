@@ -177,10 +177,15 @@ class WindowDataset(Dataset):
             self._cache.popitem(last=False)
         return std
 
-    def __getitem__(self, index: int) -> dict[str, Any] | None:
+    def __getitem__(self, index: int | tuple[int, int]) -> dict[str, Any] | None:
+        """Sample ``index``, or ``(epoch, index)`` as the loader's sampler gives it (the epoch seeds the sample's
+        augmentation; a plain index uses ``self.epoch``)."""
+        epoch = self.epoch
+        if isinstance(index, tuple):
+            epoch, index = index
         si, ep, pos = self.locate(index)
         try:
-            return self._sample(si, ep, pos, index)
+            return self._sample(si, ep, pos, index, epoch)
         except Exception as e:
             src = self.sources[si]
             where = f"{src.reader.path} ({src.name}) split {src.split!r} episode {ep} position {pos}"
@@ -200,7 +205,7 @@ class WindowDataset(Dataset):
                 wrapped = RuntimeError(msg)
             raise wrapped from e
 
-    def _sample(self, si: int, ep: int, pos: int, index: int) -> dict[str, Any]:
+    def _sample(self, si: int, ep: int, pos: int, index: int, epoch: int) -> dict[str, Any]:
         src, cfg = self.sources[si], self.cfg
         std = self.episode(si, ep)
         n = len(std.frames)
@@ -232,7 +237,7 @@ class WindowDataset(Dataset):
         decoded = src.reader.read_images(src.split, ep, raw_frames, keys) if keys else {}
         gen = None
         if self.train and cfg.augment.enabled:
-            seed = int(np.random.SeedSequence([cfg.seed, self.epoch, index]).generate_state(1)[0])
+            seed = int(np.random.SeedSequence([cfg.seed, epoch, index]).generate_state(1)[0])
             gen = torch.Generator().manual_seed(seed)
         images = {}
         for slot, key in std.cameras.items():

@@ -522,6 +522,8 @@ class Trainer:
             return None
         self._keep_run_stats(val, warn=False)  # the training loader's warning named the changes
         val.pin_memory = self.loader.pin_memory
+        # read for a few batches every train.val_every steps: workers kept between reads would hold memory idle
+        val.persistent_workers = False
         return val
 
     def _batches(self):
@@ -762,6 +764,7 @@ class Trainer:
         finally:
             stop.__exit__()
             logger.close()
+            self.loader.close()  # its kept workers (a later train() starts new ones)
         return TrainResult(self.run_dir, self.step, last, final_loss, stopped)
 
     def _log_window(self, logger: MetricsLogger, metrics: dict[str, Any], window: _Window) -> None:
