@@ -153,6 +153,9 @@ def child_ours(job: dict) -> dict:
     loader = VLALoader(
         WindowDataset([source], cfg, train=True), cfg, {"franka_oxe_joint": 0}, drop_last=False
     )
+    # workers started per epoch, as in the peer's loader benchmark (LeRobot's DataLoader default; its trainer and
+    # ours keep them): each epoch's figure includes their start-up, and RUSAGE_CHILDREN counts reaped workers
+    loader.persistent_workers = False
     shapes = None
     for b in loader:  # warm-up epoch (as the peer does)
         shapes = shapes or {"images/" + k: list(v.shape) for k, v in b.images.items()} | {

@@ -4,6 +4,9 @@ mixtures, normalization, augmentation determinism and bad-sample handling."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -240,6 +243,30 @@ def test_workers_persist_across_epochs_and_each_epoch_is_augmented_as_its_own(da
     kept.close()
     assert kept._kept is None and not any(w.is_alive() for w in workers)
     assert [_key(b) for b in _all(kept)] == [_key(b) for b in _all(fresh)]  # epoch 2, from new workers
+
+
+def test_a_process_holding_a_loader_with_workers_exits(data_root: Path, tmp_path: Path) -> None:
+    """A script that keeps its loader after an epoch (workers alive, idle) must still exit: multiprocessing's exit
+    hook joins daemon workers without a timeout, and ours ignore the SIGTERM it sends them."""
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import sys\n"
+        "from vla.config import DataConfig, load_config\n"
+        "from vla.data.loader import build_loader\n"
+        "cfg = load_config(DataConfig, {'datasets': [sys.argv[1]], 'image_size': 0, 'normalize': False,\n"
+        "    'batch_size': 4, 'chunk_length': 4, 'num_workers': 2})\n"
+        "loader = build_loader(cfg)\n"
+        "print(sum(b.batch_size for b in loader), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script), str(data_root / "widowx_set")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) > 0
 
 
 def test_a_changed_embodiment_table_or_pinning_starts_new_workers(data_root: Path) -> None:

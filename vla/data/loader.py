@@ -9,10 +9,12 @@ batches the original would have.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
 import signal
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -270,15 +272,17 @@ class VLALoader:
         )
         if keep:
             self._kept = (held, loader)
+            _close_at_exit(self)
         return loader
 
     def close(self) -> None:
-        """End the kept worker processes (if any); iterating again starts new ones."""
+        """End the kept worker processes (if any); iterating again starts new ones. (A DataLoader has no public
+        close: its iterator's ``_shutdown_workers`` is what the iterator's own ``__del__`` calls.)"""
         kept, self._kept = self._kept, None
         if kept is not None:
-            it = kept[1]._iterator
+            it = getattr(kept[1], "_iterator", None)
             kept[1]._iterator = None
-            if it is not None:
+            if it is not None and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
 
     def __iter__(self) -> Iterator[Batch]:
@@ -758,6 +762,29 @@ def build_loader(
         stats=stats,
         stats_keys=stats_keys,
     )
+
+
+_KEEPING: weakref.WeakSet[VLALoader] = weakref.WeakSet()
+
+
+def _close_at_exit(loader: VLALoader) -> None:
+    """Have ``loader``'s kept workers ended when the interpreter exits. Without it a process that still holds a
+    loader after an epoch hangs at exit: multiprocessing's exit hook SIGTERMs its daemon children (ours ignore
+    SIGTERM, ``_ignore_sigterm``) and joins them without a timeout, while the idle workers wait for work from
+    the parent that waits for them; torch's own exit hook has by then turned ``_shutdown_workers`` into a no-op.
+    Registered at the first kept loader, after torch's and multiprocessing's hooks, so it runs before them."""
+    if not _KEEPING:
+        atexit.unregister(_close_kept)
+        atexit.register(_close_kept)
+    _KEEPING.add(loader)
+
+
+def _close_kept() -> None:
+    for loader in list(_KEEPING):
+        try:
+            loader.close()
+        except Exception:  # exiting: a worker that cannot be joined cleanly must not hide the others
+            log.debug("closing a loader's workers at exit failed", exc_info=True)
 
 
 def _ignore_sigterm(_worker_id: int) -> None:

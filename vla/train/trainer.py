@@ -762,9 +762,11 @@ class Trainer:
                     break
             stop.done()  # stopped, or finished while a STOP file was being created: the relaunch trains on
         finally:
-            stop.__exit__()
-            logger.close()
-            self.loader.close()  # its kept workers (a later train() starts new ones)
+            try:
+                self.loader.close()  # its kept workers (a later run() starts new ones)
+            finally:
+                stop.__exit__()
+                logger.close()
         return TrainResult(self.run_dir, self.step, last, final_loss, stopped)
 
     def _log_window(self, logger: MetricsLogger, metrics: dict[str, Any], window: _Window) -> None:
