@@ -112,11 +112,6 @@ class SampleOrder:
     def __len__(self) -> int:
         return self.per_rank // self.batch_size if self.drop_last else -(-self.per_rank // self.batch_size)
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        """Every batch of ``epoch`` on this rank, as sample indices."""
-        mine = self._indices(epoch)
-        return [mine[i * self.batch_size : (i + 1) * self.batch_size].tolist() for i in range(len(self))]
-
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         """The rest of the current epoch's batches, each sample as ``(epoch, index)``: the epoch travels with the
         index to the dataset (it seeds the sample's augmentation), since persistent workers hold a copy of the
