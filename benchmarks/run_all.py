@@ -179,7 +179,15 @@ def _bound(r: dict) -> str:
     gain, ceiling = _get(r, "batching_bound", "inside_model_gain_8"), _get(r, "batching_bound", "ceiling")
     if gain is None or ceiling is None:
         return ""
-    return f"; inside the model {_fmt(gain)}x, ceiling at the matmul peak {_fmt(ceiling)}x"
+    note = f"; inside the model {_fmt(gain)}x, ceiling at the matmul peak {_fmt(ceiling)}x"
+    linear = _get(r, "op_breakdown", "8", "linear_fraction_of_peak")
+    if linear is not None:  # where batch 8's time goes (benchmarks/serve.py's op_breakdown)
+        eight = r["op_breakdown"]["8"]
+        note += (
+            f"; batch 8's linear layers at {linear:.0%} of the peak, {_fmt(eight['linear_ms_per_chunk'])} of "
+            f"{_fmt(eight['wall_ms_per_chunk'])} ms per chunk"
+        )
+    return note
 
 
 def _eval(r: dict) -> list[Row]:

@@ -26,6 +26,13 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
   at batch 1 and at batch 8 (inside the model, from its warm-up trials), and the ceiling a batch running at the
   matmul peak of that dtype would reach (FLOPs per chunk counted, the peak timed in this run).
 
+* ``op_breakdown``: where batch 1's and batch 8's time goes inside the model, in the micro-batching server's mode
+  (a child process: warmed up as the server is, then profiled with ``torch.profiler``, compiled kernels named):
+  per chunk, the linear layers' time (oneDNN/MKL linears, ``mm``/``addmm``), the attention matmuls' (``bmm``,
+  ``baddbmm``, fused SDPA) and the rest (softmax, norms, RoPE, copies, Python), each with its FLOPs (counted in
+  fp32 eager) and its fraction of the matmul peak. ``gain_8_if_linears_at_peak``: batch 1's time over batch 8's with
+  batch 8's linear layers at the peak and everything else as measured.
+
 * ``peer_lerobot``: LeRobot 0.6.1's own policy server (``lerobot.async_inference.policy_server``, gRPC, pickle on
   the wire) at the peer's SmolVLA config, same cameras and state, timed the same way: one client's per-request
   latency next to the server's compute path timed in process (``benchmarks/peer_lerobot_grpc.py``, in the peer venv
@@ -39,6 +46,7 @@ Each request carries two 224x224 cameras, an 8-d state and a prompt.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -335,7 +343,119 @@ def batching_bound(result: dict, threads: int) -> dict:
     }
 
 
+#: Profiler events (self time) that are the model's linear layers, and its attention matmuls; everything else is
+#: "other". FLOPs are counted in fp32 eager, where linears are ``mm``/``addmm`` and the explicit attention's
+#: matmuls ``bmm``/``baddbmm``.
+LINEAR_EVENTS = frozenset(
+    {"mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::mm", "aten::addmm", "aten::linear"}
+)
+ATTENTION_EVENTS = frozenset(
+    {"aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu"}
+)
+LINEAR_FLOPS, ATTENTION_FLOPS = frozenset({"mm", "addmm"}), frozenset({"bmm", "baddbmm"})
+
+
+def split_ops(
+    self_ms: dict[str, float], flops: dict[str, float], wall_ms: float, batch: int
+) -> dict[str, float]:
+    """One batch's time and FLOPs per chunk by kind: ``self_ms`` profiler event name -> self time (ms) of the whole
+    batch, ``flops`` op name (``mm``, ``bmm``, ...) -> FLOPs of the whole batch, ``wall_ms`` the batch's unprofiled
+    time. "other" is the wall time the linears and attention matmuls leave (the profiler's per-op cost stays out of
+    it)."""
+    linear = sum(ms for name, ms in self_ms.items() if name in LINEAR_EVENTS)
+    attention = sum(ms for name, ms in self_ms.items() if name in ATTENTION_EVENTS)
+    lin_f = sum(f for name, f in flops.items() if name in LINEAR_FLOPS)
+    att_f = sum(f for name, f in flops.items() if name in ATTENTION_FLOPS)
+    return {
+        "wall_ms_per_chunk": wall_ms / batch,
+        "linear_ms_per_chunk": linear / batch,
+        "attention_matmul_ms_per_chunk": attention / batch,
+        "other_ms_per_chunk": max(0.0, wall_ms - linear - attention) / batch,
+        "linear_gflop_per_chunk": lin_f / batch / 1e9,
+        "attention_gflop_per_chunk": att_f / batch / 1e9,
+        "other_gflop_per_chunk": (sum(flops.values()) - lin_f - att_f) / batch / 1e9,
+    }
+
+
+def child_ops(job: dict) -> dict:
+    """``op_breakdown``'s child: ``split_ops`` at each of ``job["batches"]`` for the checkpoint ``job["ckpt"]`` in
+    the mode ``job["dtype"]``/``["compile"]``/``["attention"]``, warmed up as ``vla serve`` warms up."""
+    import torch
+    import torch._inductor.config as inductor_config
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vla.policy import Policy
+    from vla.runtime import tune_allocator
+    from vla.serving.modes import synthetic_observations, warm_up
+
+    torch.set_num_threads(job["threads"])
+    inductor_config.cpp.enable_kernel_profile = True  # compiled kernels as events of their own ("other")
+    tune_allocator()
+    batches = job["batches"]
+    counter = Policy.from_checkpoint(Path(job["ckpt"]), dtype="float32", compile=False, attention="explicit")
+    flops = {}
+    for b in batches:
+        with FlopCounterMode(display=False) as fc:
+            counter.infer_batch(synthetic_observations(counter, b, seed=b), seeds=list(range(b)))
+        flops[b] = {str(op).split(".")[-1]: n for op, n in fc.get_flop_counts()["Global"].items()}
+    del counter
+    policy = Policy.from_checkpoint(
+        Path(job["ckpt"]), dtype=job["dtype"], compile=job["compile"], attention=job["attention"]
+    )
+    warm_up(policy, batches)
+    out = {}
+    for b in batches:
+        obs, seeds = synthetic_observations(policy, b, seed=b), list(range(b))
+        walls = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            policy.infer_batch(obs, seeds=seeds)
+            walls.append((time.perf_counter() - t0) * 1000)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            policy.infer_batch(obs, seeds=seeds)
+        self_ms = {e.key: e.self_cpu_time_total / 1000 for e in prof.key_averages()}
+        out[str(b)] = split_ops(self_ms, flops[b], statistics.median(walls[1:]), b)
+    return out
+
+
+def op_breakdown(ckpt: Path, result: dict, threads: int) -> dict:
+    """``split_ops`` at batch 1 and 8 in the micro-batching server's mode (a child process), with each kind's
+    TFLOP/s and fraction of the matmul peak ``batching_bound`` timed."""
+    from harness import run_child
+
+    mode = result["serving_mode"]["micro_batched"]
+    job = {"kind": "ops", "ckpt": str(ckpt), "threads": threads, "batches": [1, 8], "dtype": mode["dtype"],
+           "compile": mode["compile"], "attention": mode["attention"]}  # fmt: skip
+    out = run_child(__file__, job)
+    if "error" in out:
+        return out
+    peak = result.get("batching_bound", {}).get("peak_tflops")
+    for row in out.values():
+        for kind, ms in (("linear", "linear_ms_per_chunk"), ("attention", "attention_matmul_ms_per_chunk")):
+            gflop = row[f"{kind}_gflop_per_chunk"]
+            row[f"{kind}_tflops"] = gflop / row[ms] if row[ms] else None
+            if peak and row[f"{kind}_tflops"]:
+                row[f"{kind}_fraction_of_peak"] = row[f"{kind}_tflops"] / peak
+    one, eight = out["1"], out["8"]
+    if peak:
+        best8 = (
+            eight["linear_gflop_per_chunk"] / peak
+            + eight["attention_matmul_ms_per_chunk"]
+            + eight["other_ms_per_chunk"]
+        )
+        out["gain_8_if_linears_at_peak"] = one["wall_ms_per_chunk"] / best8
+    out["mode"] = mode["mode"]
+    return out
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["_child"]:  # op_breakdown's child
+        print(
+            "RESULT "
+            + json.dumps({"ops": child_ops}[json.loads(sys.argv[2])["kind"]](json.loads(sys.argv[2])))
+        )
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # 60: a p99 of 12 requests is their maximum (one outlier of 6.6 ms on the EPYC did not recur in 60: 2.5 ms)
     ap.add_argument("--requests", type=int, default=60, help="latency: sequential requests measured")
@@ -415,6 +535,17 @@ def main() -> None:
         # in process: the micro-batching server's mode (set above)
         progress(f"timing Policy.infer in process ({result['serving_mode']['micro_batched']['mode']})")
         result["in_process"] = in_process(ckpt, dtype, compiled, attention, args.requests)
+        threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+        progress("batching bound: FLOPs per chunk and the matmul peak of the serving mode's dtype")
+        try:  # an add-on: its failure must not lose the measurements above
+            result["batching_bound"] = batching_bound(result, threads)
+        except Exception as e:
+            result["batching_bound"] = {"error": repr(e)}
+        progress("op breakdown: batch 1 and batch 8 profiled in the micro-batching server's mode")
+        try:
+            result["op_breakdown"] = op_breakdown(ckpt, result, threads)
+        except Exception as e:
+            result["op_breakdown"] = {"error": repr(e)}
     lat = result["latency"]
     result["protocol_overhead_ms"] = {
         "p50": lat["overhead"]["p50_ms"],
@@ -427,11 +558,6 @@ def main() -> None:
         8 in by["micro_batched"] and "speedup_8_clients" not in result
     ):  # interleaved: the median of its rounds
         result["speedup_8_clients"] = by["micro_batched"][8] / by["one_at_a_time"][8]
-    progress("batching bound: FLOPs per chunk and the matmul peak of the serving mode's dtype")
-    try:  # an add-on: its failure must not lose the measurements above
-        result["batching_bound"] = batching_bound(result, int(os.environ.get("OMP_NUM_THREADS", "2")))
-    except Exception as e:
-        result["batching_bound"] = {"error": repr(e)}
     if args.skip_peer:
         result["peer_lerobot"] = {"skipped": "--skip-peer"}
     else:

@@ -341,6 +341,57 @@ def test_serving_batching_bound_arithmetic_and_its_summary_note(monkeypatch: pyt
     assert serve.batching_bound(fixed, 2)["inside_model_gain_8"] == pytest.approx(1.5)
     note = _run_all()._serve({"speedup_8_clients": 1.5, "batching_bound": bound})[1]["note"]
     assert "inside the model 2x, ceiling at the matmul peak 3.33x" in note, note
+    bound_ops = {"batching_bound": bound, "speedup_8_clients": 1.5,
+                 "op_breakdown": {"8": {"linear_fraction_of_peak": 0.93, "linear_ms_per_chunk": 75.0,
+                                        "wall_ms_per_chunk": 100.0}}}  # fmt: skip
+    note = _run_all()._serve(bound_ops)[1]["note"]
+    assert "batch 8's linear layers at 93% of the peak, 75 of 100 ms per chunk" in note, note
     interleaved = {"speedup_8_clients": 1.7, "speedup_8_clients_rounds": [1.6, 1.7, 1.9]}
     note = _run_all()._serve(interleaved)[1]["note"]
     assert "median of 3 interleaved rounds (1.6-1.9x)" in note, note
+
+
+def test_serving_op_breakdown_splits_time_and_flops_by_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/serve.py``'s op breakdown: profiler self times and counted FLOPs of a batch of 8 split into the
+    linear layers, the attention matmuls and the rest, per chunk (the rest is the wall time the two leave); then,
+    with the child stubbed, each kind's TFLOP/s, its fraction of the peak, and the batch-8 gain if the linears ran
+    at the peak."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import harness
+    import serve
+
+    events = {"mkldnn::_linear_pointwise": 560.0, "aten::mm": 40.0, "aten::baddbmm": 40.0, "aten::bmm": 30.0,
+              "graph_5_cpp_fused__softmax_6": 50.0, "aten::copy_": 10.0}  # fmt: skip
+    flops = {"mm": 200e9, "addmm": 40e9, "bmm": 8e9, "baddbmm": 8e9, "convolution": 2e9}
+    row = serve.split_ops(events, flops, wall_ms=800.0, batch=8)
+    assert row == pytest.approx({
+        "wall_ms_per_chunk": 100.0, "linear_ms_per_chunk": 75.0, "attention_matmul_ms_per_chunk": 8.75,
+        "other_ms_per_chunk": 16.25, "linear_gflop_per_chunk": 30.0, "attention_gflop_per_chunk": 2.0,
+        "other_gflop_per_chunk": 0.25,
+    })  # fmt: skip
+    one = serve.split_ops({"aten::addmm": 100.0, "aten::bmm": 10.0}, flops, wall_ms=160.0, batch=1)
+    jobs = []
+
+    def child(script: str, job: dict, *a, **k) -> dict:
+        jobs.append(job)
+        return {"1": dict(one), "8": dict(row)}
+
+    monkeypatch.setattr(harness, "run_child", child)
+    mode = {
+        "mode": "bfloat16 compiled explicit",
+        "dtype": "bfloat16",
+        "compile": True,
+        "attention": "explicit",
+    }
+    result = {"serving_mode": {"micro_batched": mode}, "batching_bound": {"peak_tflops": 0.5}}
+    out = serve.op_breakdown(Path("/ckpt"), result, 2)
+    assert jobs == [{"kind": "ops", "ckpt": "/ckpt", "threads": 2, "batches": [1, 8], "dtype": "bfloat16",
+                     "compile": True, "attention": "explicit"}]  # fmt: skip
+    assert out["8"]["linear_tflops"] == pytest.approx(0.4)  # 30 GFLOP in 75 ms
+    assert out["8"]["linear_fraction_of_peak"] == pytest.approx(0.8)
+    assert out["8"]["attention_tflops"] == pytest.approx(2.0 / 8.75)
+    # batch 8 with its linears at 0.5 TFLOP/s: 60 + 8.75 + 16.25 = 85 ms per chunk, against batch 1's 160
+    assert out["gain_8_if_linears_at_peak"] == pytest.approx(160.0 / 85.0)
+    assert out["mode"] == "bfloat16 compiled explicit"
+    monkeypatch.setattr(harness, "run_child", lambda *a, **k: {"error": "boom"})
+    assert serve.op_breakdown(Path("/ckpt"), result, 2) == {"error": "boom"}
