@@ -7,12 +7,6 @@ every instance of its class: so each compile runs a copy of ``fn`` with a code o
 nothing else can reach, and ``release`` clears exactly those. Other compiled functions in the process (a compiled
 training step, another model's serving graphs) keep theirs: no global ``torch._dynamo.reset()``.
 
-``cpp_wrapper`` (serving on the CPU): Inductor writes the code that calls a graph's kernels in C++ instead of Python.
-A flow step calls a few hundred small kernels, and at batch 1 the Python between them was a visible part of a chunk:
-on a 2-core AVX-512-BF16 EPYC ("Zen 4"), ``bench_smolvla`` in bf16, the C++ wrapper took 5-8 % off a batch-1 chunk
-and 2-3 % off a batch of 8 (paired rounds, interleaved in one process), for ~18 s more compile time at warm-up.
-Same kernels, same numbers.
-
 ``fullgraph=True``: a graph break would leave the rest of the function to Dynamo frames on shared code objects
 (the HF layers'), whose cached graphs would then outlive ``release``; breaking is an error instead.
 """
@@ -29,15 +23,9 @@ class FrozenCompiled:
     """``fn`` compiled with frozen weights (see the module docstring); call it like ``fn``."""
 
     def __init__(
-        self,
-        fn: Callable[..., torch.Tensor],
-        dynamic: bool | None = None,
-        batch_dynamic: bool = False,
-        cpp_wrapper: bool = False,
+        self, fn: Callable[..., torch.Tensor], dynamic: bool | None = None, batch_dynamic: bool = False
     ) -> None:
         self.fn = _own_code_copy(fn)
-        # True: the graphs' kernels are called from C++ (see the module docstring); False leaves Inductor's setting
-        self.cpp_wrapper = cpp_wrapper
         # ``batch_dynamic``: the first argument's first dimension is marked dynamic at every call (one graph for
         # every batch size but 1, which Dynamo specializes), where ``dynamic=True`` would not trace
         self.batch_dynamic = batch_dynamic
@@ -46,27 +34,21 @@ class FrozenCompiled:
         # prompt's token count changes) is recompiled once as dynamic: a new instruction costs one recompile.
         # ``dynamic=True`` (training): one graph for every shape from the start, so which graph a batch runs on
         # (and its exact rounding) does not depend on the shapes seen before it: a resumed run stays bitwise.
-        # Inductor applies a compile's options whenever it compiles a graph of it
-        options = {"cpp_wrapper": True} if cpp_wrapper else None
-        self.compiled = torch.compile(self.fn, dynamic=dynamic, fullgraph=True, options=options)
+        self.compiled = torch.compile(self.fn, dynamic=dynamic, fullgraph=True)
 
     def __call__(self, *args: object) -> torch.Tensor:
         import torch._inductor.config as inductor_config
 
         if self.batch_dynamic and isinstance(args[0], torch.Tensor):
             torch._dynamo.maybe_mark_dynamic(args[0], 0)
-        # read when a graph is compiled (a shape's first call)
-        with inductor_config.patch(freezing=True):
+        with inductor_config.patch(freezing=True):  # read when a graph is compiled (a shape's first call)
             return self.compiled(*args)
 
 
 def frozen_compile(
-    fn: Callable[..., torch.Tensor],
-    dynamic: bool | None = None,
-    batch_dynamic: bool = False,
-    cpp_wrapper: bool = False,
+    fn: Callable[..., torch.Tensor], dynamic: bool | None = None, batch_dynamic: bool = False
 ) -> FrozenCompiled:
-    return FrozenCompiled(fn, dynamic, batch_dynamic, cpp_wrapper)
+    return FrozenCompiled(fn, dynamic, batch_dynamic)
 
 
 def release(fn: Callable[..., object]) -> None:

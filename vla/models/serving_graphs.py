@@ -14,7 +14,6 @@ counters and is not detected. Each compile has graphs of its own, and dropping f
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -78,11 +77,8 @@ class ServingGraphs(nn.Module):
 
     def _compile_serving(self) -> None:
         self._drop_compiled()
-        # on the CPU the kernels are called from C++, not Python (vla.models.compiled: 5-8 % of a batch-1 chunk)
-        cpu = all(p.device.type == "cpu" for p in self.parameters())
-        compile_fn = functools.partial(frozen_compile, cpp_wrapper=cpu)
-        self._serving_step = compile_fn(self.flow_step)
-        self.backbone.compile_for_serving(compile_fn)
+        self._serving_step = frozen_compile(self.flow_step)
+        self.backbone.compile_for_serving(frozen_compile)
         self._serving_weights = self._weights_key()
 
     def _drop_compiled(self) -> None:
