@@ -369,7 +369,8 @@ def test_serving_op_breakdown_splits_time_and_flops_by_kind(monkeypatch: pytest.
         "other_ms_per_chunk": 16.25, "linear_gflop_per_chunk": 30.0, "attention_gflop_per_chunk": 2.0,
         "other_gflop_per_chunk": 0.25,
     })  # fmt: skip
-    one = serve.split_ops({"aten::addmm": 100.0, "aten::bmm": 10.0}, flops, wall_ms=160.0, batch=1)
+    per_chunk = {op: f / 8 for op, f in flops.items()}
+    one = serve.split_ops({"aten::addmm": 100.0, "aten::bmm": 10.0}, per_chunk, wall_ms=160.0, batch=1)
     jobs = []
 
     def child(script: str, job: dict, *a, **k) -> dict:
@@ -393,5 +394,10 @@ def test_serving_op_breakdown_splits_time_and_flops_by_kind(monkeypatch: pytest.
     # batch 8 with its linears at 0.5 TFLOP/s: 60 + 8.75 + 16.25 = 85 ms per chunk, against batch 1's 160
     assert out["gain_8_if_linears_at_peak"] == pytest.approx(160.0 / 85.0)
     assert out["mode"] == "bfloat16 compiled explicit"
+    # linears timed faster than the peak (kernels the profiler did not see): flagged, no gain computed
+    unseen = {**row, "linear_ms_per_chunk": 5.0}
+    monkeypatch.setattr(harness, "run_child", lambda *a, **k: {"1": dict(one), "8": dict(unseen)})
+    flagged = serve.op_breakdown(Path("/ckpt"), result, 2)
+    assert "did not see" in flagged["error"] and "gain_8_if_linears_at_peak" not in flagged
     monkeypatch.setattr(harness, "run_child", lambda *a, **k: {"error": "boom"})
     assert serve.op_breakdown(Path("/ckpt"), result, 2) == {"error": "boom"}
