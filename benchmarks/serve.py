@@ -453,11 +453,8 @@ def op_breakdown(ckpt: Path, result: dict, threads: int) -> dict:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["_child"]:  # op_breakdown's child
-        print(
-            "RESULT "
-            + json.dumps({"ops": child_ops}[json.loads(sys.argv[2])["kind"]](json.loads(sys.argv[2])))
-        )
+    if sys.argv[1:2] == ["_child"]:  # op_breakdown's child (harness.run_child: ``serve.py _child JOB``)
+        print("RESULT " + json.dumps(child_ops(json.loads(sys.argv[2]))), flush=True)
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # 60: a p99 of 12 requests is their maximum (one outlier of 6.6 ms on the EPYC did not recur in 60: 2.5 ms)
